@@ -1,0 +1,233 @@
+"""Energy terms, batched, in float64 (THEORY §2, §3.1, §5).
+
+Shapes: Y and X are (B, n, d); attention factors F are (H, k, d) so that head h has
+z^h_ij = ½‖(y_i − y_j) F_hᵀ‖² and metric M_h = F_hᵀ F_h (PSD by construction).
+
+**Pair convention: each unordered pair once.** E_A(Y) = Σ_h Σ_{i<j} ρ(z^h_ij); the
+ordered sum Σ_{i,j} equals 2·E_A + n·H·ρ(0). The diagonal is masked, never subtracted.
+
+`padding_mask` is a bool (B, n) tensor in which **True marks padding** (PyTorch's
+key_padding_mask convention). Padded tokens are removed from every sum; a row that is
+all padding has energy 0.
+
+Pairwise distances come from Gram matrices (never O(n²·d) pair differences), queries
+are processed in chunks (memory O(n · chunk)), and ρ = −exp(−z) goes through
+log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²).
+Every function returns a (B,) float64 tensor and is differentiable by autograd; the
+closed-form gradients used by the descent steps are here too, so tests compare them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .rho import Rho, get_rho
+
+_CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
+
+
+# ----------------------------------------------------------------------------- checks
+def check_states(Y: Tensor, padding_mask: Tensor | None = None, *, name: str = "Y",
+                 check_finite: bool = True) -> Tensor:
+    """Validate a (B, n, d) floating tensor and return the validity mask (B, n), True = real token."""
+    if not isinstance(Y, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(Y).__name__}")
+    if Y.dim() != 3:
+        raise ValueError(f"{name} must have shape (B, n, d); got rank {Y.dim()} shape {tuple(Y.shape)}")
+    if not Y.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {Y.dtype}")
+    B, n, d = Y.shape
+    if n == 0 or d == 0:
+        raise ValueError(f"{name} has an empty dimension: shape {tuple(Y.shape)} (need n >= 1 and d >= 1)")
+    if check_finite and not torch.isfinite(Y).all():
+        raise ValueError(f"{name} contains NaN or Inf values")
+    if padding_mask is None:
+        return torch.ones(B, n, dtype=torch.bool, device=Y.device)
+    if padding_mask.dtype != torch.bool:
+        raise TypeError(f"padding_mask must be a bool tensor (True marks padding), got {padding_mask.dtype}")
+    if tuple(padding_mask.shape) != (B, n):
+        raise ValueError(f"padding_mask must have shape (B, n) = {(B, n)}, got {tuple(padding_mask.shape)}")
+    return ~padding_mask
+
+
+def check_factors(factors: Tensor, d: int) -> Tensor:
+    """Validate attention factors and return them as (H, k, d)."""
+    if not isinstance(factors, Tensor) or not factors.is_floating_point():
+        raise TypeError("factors must be a floating torch.Tensor of shape (H, k, d) or (k, d)")
+    if factors.dim() == 2:
+        factors = factors.unsqueeze(0)
+    if factors.dim() != 3:
+        raise ValueError(f"factors must have shape (H, k, d) or (k, d); got {tuple(factors.shape)}")
+    if factors.shape[-1] != d:
+        raise ValueError(f"factors act on d={factors.shape[-1]} features but Y has d={d}")
+    if not torch.isfinite(factors).all():
+        raise ValueError("factors contain NaN or Inf values")
+    return factors
+
+
+def _masked_rows(valid: Tensor) -> Tensor:
+    return valid.to(torch.float64)  # (B, n)
+
+
+# ----------------------------------------------------------------------------- attention
+def head_features(Y: Tensor, factors: Tensor) -> Tensor:
+    """a^h_i = y_i F_hᵀ: (B, n, d) × (H, k, d) -> (B, H, n, k)."""
+    return torch.einsum("bnd,hkd->bhnk", Y, factors)
+
+
+def _chunk_size(B: int, H: int, n: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        return max(1, int(chunk_size))
+    return max(1, min(n, _CHUNK_ELEMENTS // max(1, B * H * n)))
+
+
+def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
+                     padding_mask: Tensor | None = None, *, chunk_size: int | None = None,
+                     check_finite: bool = True) -> Tensor:
+    """E_A(Y) = Σ_h Σ_{i<j} ρ(½‖(y_i − y_j) F_hᵀ‖²) over real tokens, as (B,) float64.
+
+    Y: (B, n, d); factors: (H, k, d) or (k, d); `padding_mask` (B, n) bool, True marks padding.
+    """
+    valid = check_states(Y, padding_mask, check_finite=check_finite)
+    F = check_factors(factors, Y.shape[-1]).to(torch.float64)
+    r = get_rho(rho)
+    a = head_features(Y.to(torch.float64), F)                      # (B, H, n, k)
+    sq = (a * a).sum(-1)                                           # (B, H, n)
+    B, H, n, _ = a.shape
+    step = _chunk_size(B, H, n, chunk_size)
+    total = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    cols = torch.arange(n, device=Y.device)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        gram = a[:, :, s:e] @ a.transpose(-1, -2)                  # (B, H, c, n)
+        pair = valid[:, None, s:e, None] & valid[:, None, None, :]  # (B, 1, c, n)
+        pair = pair & (cols[s:e, None] != cols[None, :])           # mask the diagonal
+        if r.is_exp:
+            logits = (gram - 0.5 * sq[:, :, None, :]).masked_fill(~pair, float("-inf"))
+            lse = torch.logsumexp(logits, dim=-1)                  # (B, H, c)
+            row_sums = torch.exp(lse - 0.5 * sq[:, :, s:e])        # Σ_{j≠i} exp(−z_ij)
+            total = total - 0.5 * row_sums.sum(dim=(1, 2))
+        else:
+            z = (0.5 * (sq[:, :, s:e, None] + sq[:, :, None, :]) - gram).clamp_min(0.0)
+            vals = torch.where(pair, r.value(z), torch.zeros((), dtype=z.dtype, device=z.device))
+            total = total + 0.5 * vals.sum(dim=(1, 2, 3))
+    return total
+
+
+def pair_weights(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
+                 padding_mask: Tensor | None = None) -> Tensor:
+    """β^h_ij = ρ'(z^h_ij) for real pairs (diagonal included, β_ii = ρ'(0)), 0 elsewhere: (B, H, n, n)."""
+    valid = check_states(Y, padding_mask, check_finite=False)
+    F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
+    r = get_rho(rho)
+    a = head_features(Y, F)                                        # (B, H, n, k)
+    sq = (a * a).sum(-1)                                           # (B, H, n)
+    z = (0.5 * (sq[..., :, None] + sq[..., None, :]) - a @ a.transpose(-1, -2)).clamp_min(0.0)
+    pair = valid[:, None, :, None] & valid[:, None, None, :]       # (B, 1, n, n)
+    return torch.where(pair, r.derivative(z), torch.zeros((), dtype=z.dtype, device=z.device))
+
+
+def attention_energy_grad(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
+                          padding_mask: Tensor | None = None) -> Tensor:
+    """Closed-form ∇E_A = Σ_h L_h Y M_h with L_h = D_h − B_h, M_h = F_hᵀF_h (THEORY §3.1): (B, n, d)."""
+    F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
+    beta = pair_weights(Y, F, rho, padding_mask)                   # (B, H, n, n)
+    deg = beta.sum(-1, keepdim=True)                               # (B, H, n, 1)
+    LY = deg * Y[:, None] - beta @ Y[:, None]                      # (B, H, n, d)
+    return torch.einsum("bhnd,hkd,hke->bne", LY, F, F)
+
+
+def attention_majorizer(Y: Tensor, Y0: Tensor, factors: Tensor, rho: str | Rho = "exp",
+                        padding_mask: Tensor | None = None) -> Tensor:
+    """E_A(Y0) + Q(Y) − Q(Y0), Q(Y) = ½ Σ_h tr(M_h Yᵀ L_h Y) with weights frozen at Y0 (THEORY §3.1).
+
+    Majorises E_A (≥ E_A(Y) for every Y) and touches it at Y0 (value and gradient). (B,) float64.
+    """
+    Yd, Y0d = Y.to(torch.float64), Y0.to(torch.float64)
+    F = check_factors(factors, Y.shape[-1]).to(torch.float64)
+    beta = pair_weights(Y0d, F, rho, padding_mask)                 # (B, H, n, n)
+
+    def quad(Z: Tensor) -> Tensor:
+        a = head_features(Z, F)                                    # (B, H, n, k)
+        sq = (a * a).sum(-1)                                       # (B, H, n)
+        z = 0.5 * (sq[..., :, None] + sq[..., None, :]) - a @ a.transpose(-1, -2)
+        return 0.5 * (beta * z).sum(dim=(1, 2, 3))                 # Σ_{i<j} β_ij z_ij
+
+    return attention_energy(Y0d, F, rho, padding_mask) + quad(Yd) - quad(Y0d)
+
+
+# ----------------------------------------------------------------------------- other terms
+def anchor_energy(Y: Tensor, X: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    """E_X(Y) = ½‖Y − X‖²_F over real tokens (data fidelity, THEORY §2), (B,) float64."""
+    valid = check_states(Y, padding_mask)
+    if X.shape != Y.shape:
+        raise ValueError(f"anchor X must have Y's shape {tuple(Y.shape)}, got {tuple(X.shape)}")
+    diff = (Y.to(torch.float64) - X.to(torch.float64)) * _masked_rows(valid)[..., None]
+    return 0.5 * diff.pow(2).sum(dim=(1, 2))
+
+
+def norm_regularizer(Y: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    """The paper's earlier regulariser ½‖Y‖²_F (kept only to reproduce its figures), (B,) float64."""
+    valid = check_states(Y, padding_mask)
+    return 0.5 * (Y.to(torch.float64) * _masked_rows(valid)[..., None]).pow(2).sum(dim=(1, 2))
+
+
+def symmetric_ffn_energy(Y: Tensor, W_F: Tensor, b: Tensor, padding_mask: Tensor | None = None,
+                         nonneg: bool = False) -> Tensor:
+    """(F1) E_F(Y) = ½ tr(Y (I − W_F) Yᵀ) − ⟨1b, Y⟩ [+ ι_{≥0}(Y) when `nonneg`], (B,) float64.
+
+    W_F must be symmetric (d, d); bounded below iff λ_max(W_F) < 1. With `nonneg` a
+    sample with a negative real entry has energy +inf.
+    """
+    valid = check_states(Y, padding_mask)
+    w = _masked_rows(valid)[..., None]                             # (B, n, 1)
+    Yd = Y.to(torch.float64) * w
+    W, bd = W_F.to(torch.float64), b.to(torch.float64).reshape(-1)
+    quad = 0.5 * ((Yd * Yd).sum(dim=(1, 2)) - (Yd @ W * Yd).sum(dim=(1, 2)))
+    energy = quad - (Yd * bd).sum(dim=(1, 2))
+    if nonneg:
+        negative = ((Y < 0) & valid[..., None]).flatten(1).any(dim=1)
+        energy = energy.masked_fill(negative, float("inf"))
+    return energy
+
+
+def symmetric_ffn_energy_grad(Y: Tensor, W_F: Tensor, b: Tensor) -> Tensor:
+    """∇E_F = Y (I − W_F) − 1b for the smooth part of (F1): (B, n, d)."""
+    return Y - Y @ W_F - b.reshape(1, 1, -1)
+
+
+def tied_ffn_energy(Y: Tensor, W1: Tensor, b: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    """(F2) E_H(Y) = ½‖Y‖² − ½‖ReLU(Y W1 + 1b)‖² with W1 (d, m), b (m,), (B,) float64."""
+    valid = check_states(Y, padding_mask)
+    w = _masked_rows(valid)[..., None]                             # (B, n, 1)
+    Yd = Y.to(torch.float64)
+    hidden = torch.relu(Yd @ W1.to(torch.float64) + b.to(torch.float64).reshape(1, 1, -1)) * w  # (B, n, m)
+    return 0.5 * ((Yd * w).pow(2).sum(dim=(1, 2)) - hidden.pow(2).sum(dim=(1, 2)))
+
+
+def tied_ffn_energy_grad(Y: Tensor, W1: Tensor, b: Tensor) -> Tensor:
+    """∇E_H = Y − ReLU(Y W1 + 1b) W1ᵀ: (B, n, d)."""
+    return Y - torch.relu(Y @ W1 + b.reshape(1, 1, -1)) @ W1.T
+
+
+def total_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp", *,
+                 padding_mask: Tensor | None = None, X: Tensor | None = None,
+                 anchor_weight: float | None = None, symmetric_ffn: tuple | None = None,
+                 tied_ffn: tuple | None = None, regularizer: bool = False) -> Tensor:
+    """E = E_A + E_F (or E_H) [+ λ⁻¹ E_X] [+ ½‖Y‖²] as (B,) float64 (THEORY §2).
+
+    `symmetric_ffn=(W_F, b)` or `(W_F, b, nonneg)`; `tied_ffn=(W1, b)`; the anchor
+    ½‖Y − X‖² enters with weight 1/`anchor_weight` (λ) when X is given.
+    """
+    energy = attention_energy(Y, factors, rho, padding_mask)
+    if symmetric_ffn is not None:
+        energy = energy + symmetric_ffn_energy(Y, *symmetric_ffn[:2], padding_mask=padding_mask,
+                                               nonneg=bool(symmetric_ffn[2]) if len(symmetric_ffn) > 2 else False)
+    if tied_ffn is not None:
+        energy = energy + tied_ffn_energy(Y, *tied_ffn, padding_mask=padding_mask)
+    if X is not None:
+        lam = 1.0 if anchor_weight is None else float(anchor_weight)
+        energy = energy + anchor_energy(Y, X, padding_mask) / lam
+    if regularizer:
+        energy = energy + norm_regularizer(Y, padding_mask)
+    return energy

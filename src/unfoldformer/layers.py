@@ -1,0 +1,234 @@
+"""Unfolded layers as nn.Modules: parameterised descent steps and their energies (THEORY §3, §7.1).
+
+A layer is an attention step followed by an FFN step. Each attention and FFN module
+exposes `energy(Y, X, padding_mask)` — the energy its own step descends — so the layer
+energy is their sum:
+
+- `AnchoredAttention` (§3.3): isotropic heads s_h U_hᵀ on a learned orthogonal basis;
+  energy E_A + λ⁻¹ ½‖Y − X‖².
+- `MetricAttention` (§3.1–3.2): per-head PSD metric F_hᵀF_h (F_h = A_h U_hᵀ); energy E_A.
+- `SymmetricFFN` (F1, §3.4): W_F = sym(S) with its spectrum kept inside (−r, r), r < 1,
+  by parameterisation (eigen-clip or spectral scaling) at every forward, so it holds
+  during training; energy E_F (smooth part; the indicator ι_{≥0} is left out, since the
+  inputs of the first layer are not non-negative).
+- `TiedFFN` (F2): W2 = W1ᵀ; energy E_H.
+- `ReleasedAttention` / `ReleasedFFN`: the formulas of the authors' released code,
+  defects included (§7.1), for the `paper-as-released` preset only.
+
+`padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float
+or a (B, 1, 1) tensor in [0, 1]) multiplies the step size; the safeguard uses it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from . import energy as E
+from .steps import (anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step,
+                    tied_ffn_step)
+
+
+def _orthogonal_basis(d: int) -> nn.Linear:
+    lin = nn.Linear(d, d, bias=False)
+    nn.init.eye_(lin.weight)
+    return nn.utils.parametrizations.orthogonal(lin)
+
+
+def _head_subspaces(basis: nn.Module | None, H: int, d: int) -> Tensor | None:
+    """Columns of the orthogonal basis split into H heads: (H, d, d/H), or None for contiguous blocks."""
+    if basis is None:
+        return None
+    return basis.weight.reshape(d, H, d // H).permute(1, 0, 2)   # (H, d, dh)
+
+
+class AnchoredAttention(nn.Module):
+    """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3)."""
+
+    def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool):
+        super().__init__()
+        self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
+        dh = d // n_heads
+        self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
+        self.basis = _orthogonal_basis(d) if learn_basis else None
+
+    def subspaces(self) -> Tensor | None:
+        return _head_subspaces(self.basis, self.H, self.d)
+
+    def factors(self) -> Tensor:
+        return isotropic_factors(self.log_scale.exp(), self.d, self.subspaces())  # (H, dh, d)
+
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+        return anchored_attention_step(Y, X, self.log_scale.exp(), self.lam, self.rho,
+                                       self.alpha * scale, padding_mask, self.subspaces())
+
+    def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return (E.attention_energy(Y, self.factors(), self.rho, padding_mask)
+                + E.anchor_energy(Y, X, padding_mask) / self.lam)
+
+
+class MetricAttention(nn.Module):
+    """MM attention with PSD metrics M_h = F_hᵀF_h, F_h = A_h U_hᵀ (THEORY §3.1–3.2).
+
+    One head (the `paper` preset): F = A acts on all d coordinates, value = identity.
+    """
+
+    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool,
+                 init_std: float | None = None):
+        super().__init__()
+        self.d, self.H, self.rho, self.alpha = d, n_heads, rho, alpha
+        dh = d // n_heads
+        self.A = nn.Parameter(torch.empty(n_heads, dh, dh))
+        if init_std is None:
+            for h in range(n_heads):
+                nn.init.xavier_normal_(self.A.data[h])
+        else:
+            nn.init.normal_(self.A, std=init_std)
+        self.basis = _orthogonal_basis(d) if learn_basis else None
+
+    def subspaces(self) -> Tensor | None:
+        return _head_subspaces(self.basis, self.H, self.d)
+
+    def factors(self) -> Tensor:
+        U = self.subspaces()
+        if U is None:
+            eye = torch.eye(self.d, dtype=self.A.dtype, device=self.A.device)
+            U = eye.reshape(self.d, self.H, self.d // self.H).permute(1, 0, 2)  # (H, d, dh)
+        return self.A @ U.transpose(1, 2)                          # (H, dh, d)
+
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+        return attention_step(Y, self.factors(), self.rho, self.alpha * scale, padding_mask,
+                              self.subspaces())
+
+    def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return E.attention_energy(Y, self.factors(), self.rho, padding_mask)
+
+
+def bounded_symmetric(S: Tensor, bound: float, method: str = "clip") -> Tensor:
+    """Symmetric matrix with spectrum inside [−bound, bound] built from a free S (d, d).
+
+    `clip`: eigen-clip of sym(S); `scale`: sym(S) · bound / max(‖sym(S)‖₂, bound).
+    """
+    sym = 0.5 * (S + S.T)
+    if method == "clip":
+        evals, evecs = torch.linalg.eigh(sym)
+        return (evecs * evals.clamp(-bound, bound)) @ evecs.T
+    if method == "scale":
+        norm = torch.linalg.matrix_norm(sym, ord=2)
+        return sym * (bound / torch.maximum(norm, torch.as_tensor(bound, dtype=sym.dtype)))
+    raise ValueError(f"unknown spectrum method {method!r}; valid: clip, scale")
+
+
+class SymmetricFFN(nn.Module):
+    """(F1) Y⁺ = ReLU((1−η)Y + η(Y W_F + 1b)), W_F symmetric with spec(W_F) ⊂ [−r, r], r < 1."""
+
+    def __init__(self, d: int, eta: float, relu: bool, bound: float, method: str):
+        super().__init__()
+        self.eta, self.relu, self.bound, self.method = eta, relu, bound, method
+        self.S = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
+        self.b = nn.Parameter(nn.init.xavier_normal_(torch.empty(1, d)).reshape(d))
+
+    def weight(self) -> Tensor:
+        return bounded_symmetric(self.S, self.bound, self.method)
+
+    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+        return symmetric_ffn_step(Y, self.weight(), self.b, self.eta * scale, self.relu, padding_mask)
+
+    def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return E.symmetric_ffn_energy(Y, self.weight(), self.b, padding_mask)
+
+
+class TiedFFN(nn.Module):
+    """(F2) Y⁺ = (1−α)Y + α ReLU(Y W1 + 1b) W1ᵀ: a standard FFN with W2 = W1ᵀ plus a residual."""
+
+    def __init__(self, d: int, hidden: int, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+        self.W1 = nn.Parameter(torch.randn(d, hidden) / math.sqrt(hidden))
+        self.b = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask)
+
+    def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)
+
+
+# ----------------------------------------------------------------------------- as released
+def released_normalize(W_f: Tensor, bound: float = 0.95) -> Tensor:
+    """The released weight normalisation: U·clip(Λ, −b, b)·Uᵀ of W_f W_fᵀ (squares W_f; §7.1)."""
+    evals, evecs = torch.linalg.eigh(W_f @ W_f.T)
+    return (evecs * evals.clamp(-bound, bound)) @ evecs.T
+
+
+class ReleasedAttention(nn.Module):
+    """Y ← softmax(Y WᵀW Yᵀ) Y, no scaling, no key-norm bias; energy uses W Wᵀ instead (§7.1)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.W = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
+
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+        valid = E.check_states(Y, padding_mask)
+        a = Y @ self.W.T                                           # (B, n, d): logits a aᵀ = Y WᵀW Yᵀ
+        logits = (a @ a.transpose(1, 2)).masked_fill(~valid[:, None, :], float("-inf"))  # (B, n, n)
+        new = torch.softmax(logits, dim=-1) @ Y
+        return torch.where(valid[..., None], Y + scale * (new - Y), Y)
+
+    def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """Σ_{i>j} −exp(−½‖(y_i − y_j) W‖²) + ½‖Y W‖²_F (metric W Wᵀ, as released)."""
+        valid = E.check_states(Y, padding_mask)
+        YW = (Y.to(torch.float64) @ self.W.to(torch.float64)) * valid[..., None]
+        return E.attention_energy(Y, self.W.T, "exp", padding_mask) + 0.5 * YW.pow(2).sum(dim=(1, 2))
+
+
+class ReleasedFFN(nn.Module):
+    """Y ← −Y·½(W_f + W_fᵀ) + b [then ReLU]; energy ½tr(Y W_f Yᵀ) + ½‖Y − 1b‖² (§7.1)."""
+
+    def __init__(self, d: int, relu: bool):
+        super().__init__()
+        self.relu = relu
+        self.W_f = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
+        self.b = nn.Parameter(nn.init.xavier_normal_(torch.empty(1, d)))
+        self.normalize_()
+
+    @torch.no_grad()
+    def normalize_(self) -> None:
+        """Apply the released normalisation in place (calling it twice squares again, as released)."""
+        self.W_f.copy_(released_normalize(self.W_f))
+
+    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+        valid = E.check_states(Y, padding_mask)
+        new = -Y @ (0.5 * (self.W_f + self.W_f.T)) + self.b       # (B, n, d)
+        new = torch.relu(new) if self.relu else new
+        return torch.where(valid[..., None], Y + scale * (new - Y), Y)
+
+    def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+        valid = E.check_states(Y, padding_mask)
+        w = valid[..., None].to(torch.float64)
+        Yd, Wf, b = Y.to(torch.float64) * w, self.W_f.to(torch.float64), self.b.to(torch.float64)
+        return 0.5 * ((Yd @ Wf) * Yd).sum(dim=(1, 2)) + 0.5 * ((Yd - b) * w).pow(2).sum(dim=(1, 2))
+
+
+class UnfoldedLayer(nn.Module):
+    """One layer: U = attention step at Y, then Y⁺ = FFN step at U (alternating minimisation, §3.5)."""
+
+    def __init__(self, attention: nn.Module, ffn: nn.Module | None):
+        super().__init__()
+        self.attention, self.ffn = attention, ffn
+
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> tuple[Tensor, Tensor]:
+        U = self.attention(Y, X, padding_mask, scale)
+        return U, (self.ffn(U, padding_mask, scale) if self.ffn is not None else U)
+
+    def attention_energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return self.attention.energy(Y, X, padding_mask)
+
+    def ffn_energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+        if self.ffn is None:
+            return torch.zeros(Y.shape[0], dtype=torch.float64, device=Y.device)
+        return self.ffn.energy(Y, padding_mask)
+
+    def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return self.attention_energy(Y, X, padding_mask) + self.ffn_energy(Y, padding_mask)

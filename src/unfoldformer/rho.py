@@ -1,0 +1,172 @@
+"""The ρ family: concave, non-decreasing penalties on pairwise distances (THEORY §4).
+
+The attention energy is E_A(Y) = Σ_h Σ_{i<j} ρ(z^h_ij) with z = ½‖(y_i − y_j) Fᵀ‖².
+A majorisation-minimisation step on E_A only needs the kernel ρ'(z) (THEORY §3.1);
+energies need ρ itself. Every member exposes both.
+
+| name        | ρ(z)                                   | ρ'(z)                       |
+|-------------|----------------------------------------|-----------------------------|
+| `exp`       | −exp(−z)                               | exp(−z)  (softmax)          |
+| `log`       | log(z + c), c = 2                      | 1 / (z + c)                 |
+| `linear`    | z                                      | 1  (uniform averaging)      |
+| `lp`        | z^{p/2} for z ≥ τ, its tangent below τ | (p/2) max(z, τ)^{p/2 − 1}   |
+| `truncated` | min(z, τ)                              | 1[z < τ] (supergradient)    |
+
+`custom_rho(fn)` wraps any callable; ρ' comes from autograd when not given.
+`check_rho` verifies concavity and monotonicity numerically and says what fails.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+RhoFn = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Rho:
+    """A penalty ρ with its derivative ρ' (the attention kernel).
+
+    `psd_kernel` records whether [ρ'(½‖a_i − a_j‖²)]_ij is positive semi-definite for
+    every point set, which extends the certified attention step size from (0, 1] to
+    (0, 2) (THEORY §3.1, Theorem A).
+    """
+
+    name: str
+    value: RhoFn
+    derivative: RhoFn
+    psd_kernel: bool = False
+    params: dict = field(default_factory=dict)
+
+    def __call__(self, z: Tensor) -> Tensor:
+        return self.value(z)
+
+    @property
+    def is_exp(self) -> bool:
+        return self.name == "exp"
+
+    def certified_alpha_max(self) -> float:
+        """Largest attention step α for which Theorem A certifies descent (open at 2)."""
+        return 2.0 if self.psd_kernel else 1.0
+
+
+def exp_rho() -> Rho:
+    """ρ(z) = −exp(−z): the Gaussian kernel, giving softmax attention with a key-norm bias."""
+    return Rho("exp", lambda z: -torch.exp(-z), lambda z: torch.exp(-z), psd_kernel=True)
+
+
+def log_rho(c: float = 2.0) -> Rho:
+    """ρ(z) = log(z + c): heavy-tailed (Cauchy / Student-t) attention weights 1/(z + c)."""
+    if c <= 0:
+        raise ValueError(f"log rho needs c > 0, got c={c}")
+    return Rho("log", lambda z: torch.log(z + c), lambda z: 1.0 / (z + c), psd_kernel=True,
+               params={"c": c})
+
+
+def linear_rho() -> Rho:
+    """ρ(z) = z: uniform averaging (Laplacian smoothing)."""
+    return Rho("linear", lambda z: z, torch.ones_like, psd_kernel=True)
+
+
+def lp_rho(p: float = 1.0, tau: float = 1e-3) -> Rho:
+    """ρ(z) = z^{p/2} (robust ℓ_p), replaced below the floor τ by its tangent at τ.
+
+    The tangent extension keeps ρ concave and differentiable, and ρ'(0) finite, so the
+    IRLS weights (p/2)·max(z, τ)^{p/2−1} are bounded.
+    """
+    if not 0 < p <= 2:
+        raise ValueError(f"lp rho needs 0 < p <= 2, got p={p}")
+    if tau <= 0:
+        raise ValueError(f"lp rho needs a floor tau > 0, got tau={tau}")
+    h = p / 2.0
+
+    def value(z: Tensor) -> Tensor:
+        tangent = tau**h + h * tau ** (h - 1) * (z - tau)
+        return torch.where(z >= tau, z.clamp_min(tau) ** h, tangent)
+
+    def derivative(z: Tensor) -> Tensor:
+        return h * z.clamp_min(tau) ** (h - 1)
+
+    return Rho("lp", value, derivative, psd_kernel=False, params={"p": p, "tau": tau})
+
+
+def truncated_rho(tau: float = 1.0) -> Rho:
+    """ρ(z) = min(z, τ): hard neighbourhood averaging (ρ' is a supergradient at τ)."""
+    if tau <= 0:
+        raise ValueError(f"truncated rho needs tau > 0, got tau={tau}")
+    return Rho("truncated", lambda z: z.clamp(max=tau), lambda z: (z < tau).to(z.dtype),
+               psd_kernel=False, params={"tau": tau})
+
+
+def custom_rho(value: RhoFn, derivative: RhoFn | None = None, name: str = "custom",
+               psd_kernel: bool = False) -> Rho:
+    """Wrap a user callable ρ; ρ' by autograd when not given. Check it with `check_rho`."""
+    if derivative is None:
+        def derivative(z: Tensor) -> Tensor:
+            with torch.enable_grad():
+                zz = z.detach().clone().requires_grad_(True)
+                (grad,) = torch.autograd.grad(value(zz).sum(), zz)
+            return grad
+    return Rho(name, value, derivative, psd_kernel=psd_kernel)
+
+
+RHO_FAMILY: dict[str, Callable[..., Rho]] = {
+    "exp": exp_rho,
+    "log": log_rho,
+    "linear": linear_rho,
+    "lp": lp_rho,
+    "truncated": truncated_rho,
+}
+
+
+def get_rho(rho: str | Rho, **params) -> Rho:
+    """Resolve a name (``"exp"``, ``"log"``, ``"linear"``, ``"lp"``, ``"truncated"``) or a `Rho`."""
+    if isinstance(rho, Rho):
+        return rho
+    if not isinstance(rho, str) or rho not in RHO_FAMILY:
+        raise ValueError(f"unknown rho {rho!r}; valid names: {', '.join(RHO_FAMILY)} "
+                         "(or pass a Rho, e.g. custom_rho(fn))")
+    return RHO_FAMILY[rho](**params)
+
+
+@dataclass
+class RhoCheck:
+    ok: bool
+    problems: list[str]
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def check_rho(rho: str | Rho, z_max: float = 50.0, points: int = 2001, tol: float = 1e-7) -> RhoCheck:
+    """Check numerically on [0, z_max] that ρ' ≥ 0 (non-decreasing ρ), that ρ' is
+    non-increasing and ρ lies below its chords (concave), and that ρ' matches
+    finite differences of ρ. Returns which condition fails, with a witness point."""
+    r = get_rho(rho)
+    z = torch.linspace(0.0, z_max, points, dtype=torch.float64)
+    v, dv = r.value(z), r.derivative(z)
+    problems: list[str] = []
+    if not (torch.isfinite(v).all() and torch.isfinite(dv).all()):
+        problems.append("rho or rho' is not finite on [0, z_max]")
+        return RhoCheck(False, problems)
+    scale = 1.0 + dv.abs().max().item()
+    if (dv < -tol * scale).any():
+        i = int(torch.nonzero(dv < -tol * scale)[0])
+        problems.append(f"not non-decreasing: rho'({z[i].item():.4g}) = {dv[i].item():.4g} < 0")
+    if (dv[1:] - dv[:-1] > tol * scale).any():
+        i = int(torch.nonzero(dv[1:] - dv[:-1] > tol * scale)[0])
+        problems.append(f"not concave: rho' increases after z = {z[i].item():.4g}")
+    mid = 0.5 * (v[2:] + v[:-2])
+    if (v[1:-1] < mid - tol * (1.0 + v.abs().max().item())).any():
+        i = int(torch.nonzero(v[1:-1] < mid - tol * (1.0 + v.abs().max().item()))[0]) + 1
+        problems.append(f"not concave: rho lies below a chord at z = {z[i].item():.4g}")
+    fd = (v[2:] - v[:-2]) / (z[2:] - z[:-2])
+    avg = 0.5 * (dv[2:] + dv[:-2])
+    bad = (fd - avg).abs() > 1e-3 * scale + 0.05 * (dv[:-2] - dv[2:]).abs()
+    if bad.any():
+        i = int(torch.nonzero(bad)[0]) + 1
+        problems.append(f"rho' disagrees with finite differences of rho near z = {z[i].item():.4g}")
+    return RhoCheck(not problems, problems)

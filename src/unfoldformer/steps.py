@@ -1,0 +1,186 @@
+"""Descent steps: attention as an MM step, anchored attention, FFN gradient steps (THEORY §3).
+
+Every step maps (B, n, d) -> (B, n, d). `padding_mask` is a bool (B, n) tensor in which
+**True marks padding** (PyTorch's key_padding_mask convention): padded tokens take no
+part in any sum and are returned unchanged.
+
+- `attention_step` (§3.1–3.2): y_i ← (1−α) y_i + α Σ_j β_ij y_j / Σ_j β_ij with
+  β_ij = ρ'(½‖(y_i − y_j) F_hᵀ‖²). One head moves all d coordinates (value = identity);
+  with H > 1 heads head h moves only its own orthonormal subspace U_h (by default the
+  h-th contiguous block of d/H coordinates). For ρ = exp this is softmax attention with
+  q = k = Y F_hᵀ, scale 1 and the additive key-norm bias −½‖a_j‖², run through
+  `scaled_dot_product_attention`.
+- `anchored_attention_step` (§3.3): the MM step on ½‖Y − X‖² + λ E_A with isotropic
+  heads F_h = s_h U_hᵀ; every token also attends to its own input with weight 1.
+- `symmetric_ffn_step` (F1) and `tied_ffn_step` (F2) (§3.4).
+
+Certified ranges (Theorem A and §3.4): attention α ∈ (0, 1] for any PSD metric,
+α ∈ (0, 2) for PSD kernels (exp, log, linear); anchored α ∈ (0, 1]; F1 η ∈ (0, 1] with
+spec(W_F) ⊂ (−1, 1); F2 α ∈ (0, 2) for any W1. The steps themselves do not refuse other
+values, so counterexamples can be studied; `ModelConfig` does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F_nn
+from torch import Tensor
+
+from .energy import check_factors, check_states, head_features, pair_weights
+from .rho import Rho, get_rho
+
+
+# ----------------------------------------------------------------------------- subspaces
+def check_subspaces(subspaces: Tensor | None, H: int, d: int, tol: float = 1e-4) -> Tensor | None:
+    """Validate an orthonormal basis (H, d, d/H) whose heads are mutually orthogonal."""
+    if subspaces is None:
+        if d % H:
+            raise ValueError(f"d={d} is not divisible by the number of heads H={H}; pass `subspaces`")
+        return None
+    if subspaces.dim() != 3 or subspaces.shape[0] != H or subspaces.shape[1] != d:
+        raise ValueError(f"subspaces must have shape (H, d, d/H) = ({H}, {d}, {d // max(H, 1)}); "
+                         f"got {tuple(subspaces.shape)}")
+    basis = subspaces.permute(1, 0, 2).reshape(d, -1).to(torch.float64)  # (d, H·dh)
+    gram = basis.T @ basis
+    if (gram - torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)).abs().max() > tol:
+        raise ValueError("subspaces must be orthonormal and mutually orthogonal across heads "
+                         "(the certified multi-head step needs [U_1 … U_H] with orthonormal columns)")
+    return subspaces
+
+
+def head_values(Y: Tensor, H: int, subspaces: Tensor | None) -> Tensor:
+    """Coordinates of Y in each head's subspace: (B, n, d) -> (B, H, n, dh)."""
+    B, n, d = Y.shape
+    if subspaces is None:
+        return Y.reshape(B, n, H, d // H).transpose(1, 2)
+    return torch.einsum("bnd,hde->bhne", Y, subspaces.to(Y.dtype))
+
+
+def merge_heads(delta: Tensor, subspaces: Tensor | None) -> Tensor:
+    """Σ_h delta_h U_hᵀ: (B, H, n, dh) -> (B, n, d)."""
+    B, H, n, dh = delta.shape
+    if subspaces is None:
+        return delta.transpose(1, 2).reshape(B, n, H * dh)
+    return torch.einsum("bhne,hde->bnd", delta, subspaces.to(delta.dtype))
+
+
+def _keep_padding(Y: Tensor, Y_new: Tensor, valid: Tensor) -> Tensor:
+    return torch.where(valid[..., None], Y_new, Y)
+
+
+# ----------------------------------------------------------------------------- attention
+def exp_attention_mask(a: Tensor, valid: Tensor) -> Tensor:
+    """Additive SDPA mask: key-norm bias −½‖a_j‖² plus padding (−inf). a: (B, H, n, k).
+
+    Real queries see real keys only; a padded query sees only itself (so it stays put).
+    Returns (B, H, 1, n) without padding, (B, H, n, n) with it.
+    """
+    bias = -0.5 * (a * a).sum(-1)[:, :, None, :]                   # (B, H, 1, n)
+    if bool(valid.all()):
+        return bias
+    n = valid.shape[1]
+    eye = torch.eye(n, dtype=torch.bool, device=a.device)
+    allowed = (valid[:, :, None] & valid[:, None, :]) | eye        # (B, n, n)
+    block = torch.zeros(allowed.shape, dtype=a.dtype, device=a.device).masked_fill(~allowed, float("-inf"))
+    return bias + block[:, None]                                   # (B, H, n, n)
+
+
+def _weighted_average(Y: Tensor, factors: Tensor, r: Rho, valid: Tensor,
+                      subspaces: Tensor | None, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+    """D⁻¹BV per head and V = head coordinates: both (B, H, n, dh)."""
+    H = factors.shape[0]
+    V = head_values(Y, H, subspaces)                               # (B, H, n, dh)
+    if r.is_exp and use_sdpa:
+        a = head_features(Y, factors)                              # (B, H, n, k)
+        avg = F_nn.scaled_dot_product_attention(a, a, V, attn_mask=exp_attention_mask(a, valid), scale=1.0)
+        return avg, V
+    beta = pair_weights(Y, factors, r, ~valid)                     # (B, H, n, n)
+    deg = beta.sum(-1, keepdim=True)                               # (B, H, n, 1)
+    avg = torch.where(deg > 0, (beta @ V) / deg.clamp_min(torch.finfo(Y.dtype).tiny), V)
+    return avg, V
+
+
+def attention_step(Y: Tensor, factors: Tensor, rho: str | Rho = "exp", alpha: float = 1.0,
+                   padding_mask: Tensor | None = None, subspaces: Tensor | None = None, *,
+                   use_sdpa: bool = True) -> Tensor:
+    """MM step on E_A (THEORY §3.1–3.2): Y⁺ = Y + α Σ_h (D_h⁻¹ B_h (Y U_h) − Y U_h) U_hᵀ.
+
+    Y: (B, n, d); factors: (H, k, d) or (k, d), any k; `padding_mask` (B, n) bool, True
+    marks padding; `subspaces`: optional orthonormal (H, d, d/H). With ρ = exp and
+    `use_sdpa` the softmax runs through `scaled_dot_product_attention` (key-norm bias and
+    padding in `attn_mask`); otherwise the explicit weights β_ij = ρ'(z_ij) are used.
+    """
+    valid = check_states(Y, padding_mask)
+    fac = check_factors(factors, Y.shape[-1]).to(Y.dtype)
+    subspaces = check_subspaces(subspaces, fac.shape[0], Y.shape[-1])
+    avg, V = _weighted_average(Y, fac, get_rho(rho), valid, subspaces, use_sdpa)
+    return _keep_padding(Y, Y + alpha * merge_heads(avg - V, subspaces), valid)
+
+
+def isotropic_factors(scales: Tensor, d: int, subspaces: Tensor | None = None) -> Tensor:
+    """Factors F_h = s_h U_hᵀ of isotropic heads (metric s_h² U_h U_hᵀ): (H,) -> (H, d/H, d)."""
+    H = scales.shape[0]
+    check_subspaces(subspaces, H, d)
+    if subspaces is None:
+        eye = torch.eye(d, dtype=scales.dtype, device=scales.device).reshape(H, d // H, d)
+        return scales[:, None, None] * eye
+    return scales[:, None, None] * subspaces.to(scales.dtype).transpose(1, 2)
+
+
+def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1.0,
+                            rho: str | Rho = "exp", alpha: float = 1.0,
+                            padding_mask: Tensor | None = None,
+                            subspaces: Tensor | None = None) -> Tensor:
+    """MM step on ½‖Y − X‖² + λ E_A with isotropic heads F_h = s_h U_hᵀ (THEORY §3.3).
+
+    Per head, with c = Y U_h, x = X U_h and ν = λ s_h²:
+    c_i ← (1 − α) c_i + α (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1). Descent for α ∈ (0, 1].
+    For ρ = exp the weight ν d_i / (ν d_i + 1) is a sigmoid of log ν + LSE, so it never
+    overflows. `padding_mask` (B, n) bool, True marks padding.
+    """
+    valid = check_states(Y, padding_mask)
+    if X.shape != Y.shape:
+        raise ValueError(f"anchor X must have Y's shape {tuple(Y.shape)}, got {tuple(X.shape)}")
+    if lam <= 0:
+        raise ValueError(f"anchor weight lam must be > 0, got {lam}")
+    H, d = scales.shape[0], Y.shape[-1]
+    fac = isotropic_factors(scales.to(Y.dtype), d, subspaces)     # (H, dh, d)
+    r = get_rho(rho)
+    V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
+    log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
+    if r.is_exp:
+        a = head_features(Y, fac)                                  # (B, H, n, dh)
+        logits = a @ a.transpose(-1, -2) + exp_attention_mask(a, valid)  # (B, H, n, n)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)        # (B, H, n, 1)
+        avg = torch.softmax(logits, dim=-1) @ V                    # D⁻¹ B c
+        log_deg = lse - 0.5 * (a * a).sum(-1, keepdim=True)        # log d_i
+        w = torch.sigmoid(log_nu[None, :, None, None] + log_deg)   # ν d_i / (ν d_i + 1)
+        target = w * avg + (1 - w) * Xh
+    else:
+        beta = pair_weights(Y, fac, r, ~valid)                     # (B, H, n, n)
+        nu = log_nu.exp()[None, :, None, None]
+        target = (nu * (beta @ V) + Xh) / (nu * beta.sum(-1, keepdim=True) + 1)
+    return _keep_padding(Y, Y + alpha * merge_heads(target - V, subspaces), valid)
+
+
+# ----------------------------------------------------------------------------- FFN steps
+def symmetric_ffn_step(Y: Tensor, W_F: Tensor, b: Tensor, eta: float = 1.0, relu: bool = True,
+                       padding_mask: Tensor | None = None) -> Tensor:
+    """(F1) Y⁺ = ReLU((1 − η) Y + η (Y W_F + 1b)): projected gradient step on E_F + ι_{≥0}.
+
+    Descent for η ∈ (0, 1] when spec(W_F) ⊂ (−1, 1). W_F (d, d) symmetric, b (d,).
+    `padding_mask` (B, n) bool, True marks padding.
+    """
+    valid = check_states(Y, padding_mask)
+    Z = (1 - eta) * Y + eta * (Y @ W_F + b.reshape(1, 1, -1))     # (B, n, d)
+    return _keep_padding(Y, torch.relu(Z) if relu else Z, valid)
+
+
+def tied_ffn_step(Y: Tensor, W1: Tensor, b: Tensor, alpha: float = 1.0,
+                  padding_mask: Tensor | None = None) -> Tensor:
+    """(F2) Y⁺ = (1 − α) Y + α ReLU(Y W1 + 1b) W1ᵀ: gradient step on E_H, descent for α ∈ (0, 2).
+
+    W1 (d, m), b (m,). `padding_mask` (B, n) bool, True marks padding.
+    """
+    valid = check_states(Y, padding_mask)
+    hidden = torch.relu(Y @ W1 + b.reshape(1, 1, -1))              # (B, n, m)
+    return _keep_padding(Y, (1 - alpha) * Y + alpha * hidden @ W1.T, valid)
