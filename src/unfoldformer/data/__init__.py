@@ -1,0 +1,27 @@
+"""Data: locating/downloading the data files, SST-2 and IMDB readers, and
+static word-embedding tables with their tokenisers.
+
+See :mod:`unfoldformer.data.files`, :mod:`unfoldformer.data.datasets` and
+:mod:`unfoldformer.data.embeddings` for the details (search order, formats,
+validation, OOV policy).
+"""
+
+from .datasets import TextExample, dataset_files, load_dataset, load_imdb, load_sst2
+from .embeddings import EncodedBatch, StaticEmbeddings, load_embeddings, word_tokenize
+from .files import DataFormatError, DataNotFoundError, find_data_file, sha256_file
+
+__all__ = [
+    "DataFormatError",
+    "DataNotFoundError",
+    "EncodedBatch",
+    "StaticEmbeddings",
+    "TextExample",
+    "dataset_files",
+    "find_data_file",
+    "load_dataset",
+    "load_embeddings",
+    "load_imdb",
+    "load_sst2",
+    "sha256_file",
+    "word_tokenize",
+]
