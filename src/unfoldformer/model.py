@@ -130,6 +130,16 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def descent_tolerance(dtype: torch.dtype) -> float:
+    """Relative round-off allowance when comparing energies of states stored in `dtype`.
+
+    Energies are accumulated in float64, but a state stored in float32 is rounded to
+    ~6e-8 relative, which moves E by ~1e-7 relative at a fixed point. A rise counts only
+    beyond tol·(1 + |E|): 1e-6 for float32/16 states, 1e-12 for float64 states.
+    """
+    return 1e-12 if dtype == torch.float64 else 1e-6
+
+
 def list_presets() -> dict[str, dict]:
     return {name: dict(values) for name, values in PRESETS.items()}
 
@@ -227,7 +237,7 @@ class UnfoldedTransformer(nn.Module):
             parts = self._parts(layer, U, Y_new, X, mask)
             if not guard:
                 return U, Y_new, parts, scale
-            ok = parts[2] + parts[3] <= before
+            ok = parts[2] + parts[3] <= before + descent_tolerance(Y.dtype) * (1.0 + before.abs())
             if bool(ok.all()):
                 return U, Y_new, parts, scale
             scale = torch.where(ok, scale, 0.5 * scale)
