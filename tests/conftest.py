@@ -9,6 +9,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Tests never reach a model hub and never open a window.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
