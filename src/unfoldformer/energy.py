@@ -15,6 +15,11 @@ are processed in chunks (memory O(n · chunk)), and ρ = −exp(−z) goes throu
 log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²).
 Every function returns a (B,) float64 tensor and is differentiable by autograd; the
 closed-form gradients used by the descent steps are here too, so tests compare them.
+
+Precision: products with the parameters (head features Y F_hᵀ, the FFN's Y W1) run in
+Y's precision; pairwise Gram matrices, log-sum-exp and every sum run in float64. A
+float64 input is thus float64 throughout; a float32 state, itself rounded to ~6e-8,
+gets energies accurate to its own rounding level (`model.descent_tolerance`).
 """
 from __future__ import annotations
 
@@ -89,9 +94,9 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     Y: (B, n, d); factors: (H, k, d) or (k, d); `padding_mask` (B, n) bool, True marks padding.
     """
     valid = check_states(Y, padding_mask, check_finite=check_finite)
-    F = check_factors(factors, Y.shape[-1]).to(torch.float64)
+    F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
     r = get_rho(rho)
-    a = head_features(Y.to(torch.float64), F)                      # (B, H, n, k)
+    a = head_features(Y, F).to(torch.float64)                      # (B, H, n, k), features in Y's precision
     sq = (a * a).sum(-1)                                           # (B, H, n)
     B, H, n, _ = a.shape
     step = _chunk_size(B, H, n, chunk_size)
@@ -197,12 +202,16 @@ def symmetric_ffn_energy_grad(Y: Tensor, W_F: Tensor, b: Tensor) -> Tensor:
 
 
 def tied_ffn_energy(Y: Tensor, W1: Tensor, b: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-    """(F2) E_H(Y) = ½‖Y‖² − ½‖ReLU(Y W1 + 1b)‖² with W1 (d, m), b (m,), (B,) float64."""
+    """(F2) E_H(Y) = ½‖Y‖² − ½‖ReLU(Y W1 + 1b)‖² with W1 (d, m), b (m,), (B,) float64.
+
+    The (n·d·m) product runs in Y's precision (float64 in, float64 throughout); the
+    squares are accumulated in float64.
+    """
     valid = check_states(Y, padding_mask)
     w = _masked_rows(valid)[..., None]                             # (B, n, 1)
-    Yd = Y.to(torch.float64)
-    hidden = torch.relu(Yd @ W1.to(torch.float64) + b.to(torch.float64).reshape(1, 1, -1)) * w  # (B, n, m)
-    return 0.5 * ((Yd * w).pow(2).sum(dim=(1, 2)) - hidden.pow(2).sum(dim=(1, 2)))
+    hidden = torch.relu(Y @ W1.to(Y.dtype) + b.to(Y.dtype).reshape(1, 1, -1))  # (B, n, m), input precision
+    return 0.5 * ((Y.to(torch.float64) * w).pow(2).sum(dim=(1, 2))
+                  - (hidden.to(torch.float64) * w).pow(2).sum(dim=(1, 2)))
 
 
 def tied_ffn_energy_grad(Y: Tensor, W1: Tensor, b: Tensor) -> Tensor:

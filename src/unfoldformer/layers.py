@@ -151,6 +151,17 @@ class TiedFFN(nn.Module):
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
         return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask)
 
+    def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> tuple[Tensor, Tensor]:
+        """The step and E_H at its input from one shared ReLU(Y W1 + 1b)."""
+        valid = E.check_states(Y, padding_mask)
+        hidden = torch.relu(Y @ self.W1 + self.b)                  # (B, n, m)
+        alpha = self.alpha * scale
+        Y_new = torch.where(valid[..., None], (1 - alpha) * Y + alpha * hidden @ self.W1.T, Y)
+        w = valid[..., None].to(torch.float64)
+        energy = 0.5 * ((Y.to(torch.float64) * w).pow(2).sum(dim=(1, 2))
+                        - (hidden.to(torch.float64) * w).pow(2).sum(dim=(1, 2)))
+        return Y_new, energy
+
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)
 
@@ -221,6 +232,14 @@ class UnfoldedLayer(nn.Module):
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> tuple[Tensor, Tensor]:
         U = self.attention(Y, X, padding_mask, scale)
         return U, (self.ffn(U, padding_mask, scale) if self.ffn is not None else U)
+
+    def forward_with_ffn_energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None,
+                                scale=1.0) -> tuple[Tensor, Tensor, Tensor]:
+        """(U, Y⁺, FFN energy at U); the tied FFN shares its hidden layer with the energy."""
+        U = self.attention(Y, X, padding_mask, scale)
+        if hasattr(self.ffn, "step_and_energy"):
+            return (U, *self.ffn.step_and_energy(U, padding_mask, scale))
+        return U, (self.ffn(U, padding_mask, scale) if self.ffn is not None else U), self.ffn_energy(U, padding_mask)
 
     def attention_energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         return self.attention.energy(Y, X, padding_mask)

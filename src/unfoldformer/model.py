@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from .energy import check_states
 from .layers import (AnchoredAttention, MetricAttention, ReleasedAttention, ReleasedFFN, SymmetricFFN,
@@ -54,7 +55,7 @@ class ModelConfig:
     spectrum_method: str = "clip"     # clip | scale
     learn_basis: bool = True          # learned orthogonal head subspaces (else contiguous blocks)
     safeguard: bool = False           # backtracking at inference: whole-layer descent by construction
-    safeguard_halvings: int = 20
+    safeguard_halvings: int = 8       # then the layer is skipped for that sample (scale 0)
     certified: bool = False           # validate step sizes against the theorems
     preset: str | None = None
 
@@ -198,59 +199,70 @@ class UnfoldedTransformer(nn.Module):
         if x.shape[-1] != self.config.d_model:
             raise ValueError(f"input has d={x.shape[-1]} but the model has d_model={self.config.d_model}")
         guard = self.config.safeguard and not self.training
-        if not (guard or return_energies):
-            Y = x
-            for ell in range(self.config.depth):
-                Y = self.layer(ell)(Y, x, padding_mask)[1]
-            return EncoderOutput(hidden=Y)
-        return self._forward_with_energies(x, padding_mask, guard)
+        with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
+            if not (guard or return_energies):
+                Y = x
+                for ell in range(self.config.depth):
+                    Y = self.layer(ell)(Y, x, padding_mask)[1]
+                return EncoderOutput(hidden=Y)
+            return self._forward_with_energies(x, padding_mask, guard)
 
     def _forward_with_energies(self, X: Tensor, mask: Tensor | None, guard: bool) -> EncoderOutput:
-        rows: dict[str, list[Tensor]] = {k: [] for k in ("lb", "la", "ab", "aa", "fb", "fa", "scale")}
+        keys = ("lb", "la", "ab", "aa", "fb", "fa", "scale")
+        rows: dict[str, list[Tensor]] = {k: [] for k in keys}
         Y, totals = X, []
         att_y, ffn_y = None, None                                  # energy parts of layer ℓ at Y⁽ℓ⁻¹⁾
+        frozen = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
         for ell in range(self.config.depth):
             layer = self.layer(ell)
             if att_y is None or not self.config.tied:
                 att_y, ffn_y = layer.attention_energy(Y, X, mask), layer.ffn_energy(Y, mask)
             if ell == 0:
                 totals.append(att_y + ffn_y)
-            U, Y_new, parts, scale = self._layer_step(layer, Y, X, mask, att_y + ffn_y, guard)
+            U, Y_new, parts, scale = self._layer_step(layer, Y, X, mask, att_y, ffn_y, guard, frozen)
             att_u, ffn_u, att_n, ffn_n = parts
-            for key, val in zip(("lb", "la", "ab", "aa", "fb", "fa", "scale"),
-                                (att_y + ffn_y, att_n + ffn_n, att_y, att_u, ffn_u, ffn_n, scale)):
+            for key, val in zip(keys, (att_y + ffn_y, att_n + ffn_n, att_y, att_u, ffn_u, ffn_n, scale)):
                 rows[key].append(val)
             totals.append(att_n + ffn_n)
             Y, att_y, ffn_y = Y_new, att_n, ffn_n
+            if self.config.tied:  # same layer, same state: a skipped sample stays skipped
+                frozen = frozen | (scale == 0)
         stack = lambda key: torch.stack(rows[key], dim=1)          # (B, depth)
         return EncoderOutput(hidden=Y, energies=torch.stack(totals, dim=1), layer_before=stack("lb"),
                              layer_after=stack("la"), attention_before=stack("ab"), attention_after=stack("aa"),
                              ffn_before=stack("fb"), ffn_after=stack("fa"), step_scales=stack("scale"))
 
     def _layer_step(self, layer: UnfoldedLayer, Y: Tensor, X: Tensor, mask: Tensor | None,
-                    before: Tensor, guard: bool):
-        """One layer, with per-sample backtracking on the step scale when `guard` is on."""
-        B = Y.shape[0]
-        scale = torch.ones(B, dtype=Y.dtype, device=Y.device)
-        for _ in range(self.config.safeguard_halvings + 1 if guard else 1):
-            U, Y_new = layer(Y, X, mask, scale[:, None, None])
-            parts = self._parts(layer, U, Y_new, X, mask)
-            if not guard:
-                return U, Y_new, parts, scale
-            ok = parts[2] + parts[3] <= before + descent_tolerance(Y.dtype) * (1.0 + before.abs())
-            if bool(ok.all()):
-                return U, Y_new, parts, scale
-            scale = torch.where(ok, scale, 0.5 * scale)
-        # Fallback: samples still rising keep Y (scale 0), so E never rises.
-        keep = ~ok
-        U = torch.where(keep[:, None, None], Y, U)
-        Y_new = torch.where(keep[:, None, None], Y, Y_new)
-        scale = scale.masked_fill(keep, 0.0)
-        return U, Y_new, self._parts(layer, U, Y_new, X, mask), scale
+                    att_y: Tensor, ffn_y: Tensor, guard: bool, frozen: Tensor):
+        """One layer for the samples not `frozen`. With `guard`: per-sample backtracking on the
+        step scale (halving); after `safeguard_halvings` failed halvings the sample keeps Y
+        (scale 0), so its energy never rises. Frozen samples keep Y as well."""
+        before = att_y + ffn_y
+        tol = descent_tolerance(Y.dtype) * (1.0 + before.abs())
+        scale = torch.zeros(Y.shape[0], dtype=Y.dtype, device=Y.device).masked_fill(~frozen, 1.0)
+        U, Y_new = Y, Y
+        parts = [att_y, ffn_y, att_y, ffn_y]
+        todo = torch.nonzero(~frozen).flatten()
+        for attempt in range(self.config.safeguard_halvings + 1 if guard else 1):
+            if todo.numel() == 0:
+                break
+            if attempt:
+                scale = scale.index_fill(0, todo, 0.5 ** attempt)
+            sub_mask = None if mask is None else mask[todo]
+            U_t, Y_t, ffn_u = layer.forward_with_ffn_energy(Y[todo], X[todo], sub_mask, scale[todo, None, None])
+            parts_t = self._parts(layer, U_t, Y_t, X[todo], sub_mask, ffn_u)
+            U, Y_new = U.index_copy(0, todo, U_t), Y_new.index_copy(0, todo, Y_t)
+            parts = [p.index_copy(0, todo, q) for p, q in zip(parts, parts_t)]
+            todo = todo[parts_t[2] + parts_t[3] > before[todo] + tol[todo]] if guard else todo[:0]
+        if todo.numel():  # fallback: these samples keep Y
+            scale = scale.index_fill(0, todo, 0.0)
+            U, Y_new = U.index_copy(0, todo, Y[todo]), Y_new.index_copy(0, todo, Y[todo])
+            parts = [p.index_copy(0, todo, q[todo]) for p, q in zip(parts, (att_y, ffn_y, att_y, ffn_y))]
+        return U, Y_new, parts, scale
 
     @staticmethod
-    def _parts(layer: UnfoldedLayer, U: Tensor, Y_new: Tensor, X: Tensor, mask: Tensor | None):
-        return (layer.attention_energy(U, X, mask), layer.ffn_energy(U, mask),
+    def _parts(layer: UnfoldedLayer, U: Tensor, Y_new: Tensor, X: Tensor, mask: Tensor | None, ffn_u: Tensor):
+        return (layer.attention_energy(U, X, mask), ffn_u,
                 layer.attention_energy(Y_new, X, mask), layer.ffn_energy(Y_new, mask))
 
     @torch.no_grad()

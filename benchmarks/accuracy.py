@@ -1,0 +1,180 @@
+"""Accuracy benchmark: certified (tied / untied), paper and standard Transformers on SST-2 and IMDB.
+
+One (dataset, model, seed) cell per invocation, or every cell with `--all`::
+
+    python benchmarks/accuracy.py --dataset sst2 --model certified-tied --seed 0
+    python benchmarks/accuracy.py --dataset sst2 --model standard --max-train-examples 2000 --epochs 1
+    python benchmarks/accuracy.py --all --seeds 0 1 2
+
+The setting (identical for all four models): width 128, depth 6, 4 heads, FFN width 512 (the
+paper model's symmetric F1 FFN is d x d and has no hidden width); the frozen MiniLM 384-d
+word-piece table with one trainable linear map 384 -> 128; masked mean pooling, a linear head;
+AdamW (lr 1e-3, weight decay 0.01 on matrices), 10 % linear warm-up then cosine decay, batch 32,
+gradient clipping 1.0; the same token budget: SST-2 3 epochs at max length 64 (evaluated on dev),
+IMDB 2 epochs at max length 256 (evaluated on test at 256 and at full length).
+
+Reported accuracy is that of the *final* weights (no model selection on the evaluation split);
+the best in-training value is recorded as `best_accuracy`. Evaluation keeps each preset's
+behaviour: the certified presets evaluate with the backtracking safeguard on (whole-layer descent
+by construction), the paper preset without it. Energy statistics come from that evaluation.
+
+A full-budget cell writes `benchmarks/results/<dataset>-<model>-seed<k>.json`; a reduced one
+(`--max-train-examples`, `--epochs` or `--max-eval-examples`) writes `...-seed<k>-reduced.json`, so
+it never replaces a full result. Each JSON records exactly what was run (config, example counts,
+steps, tokens), accuracy, wall time, training tokens/s and machine information.
+Training runs live in `--work-dir` (default: the unfoldformer cache); `--resume` continues one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from unfoldformer.data.files import cache_dir
+from unfoldformer.train import KINDS, TrainConfig, atomic_write_bytes, environment, evaluate_checkpoint, train
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"   # the project's data folder
+DATASETS = {
+    "sst2": {"epochs": 3, "max_length": 64, "full_length_eval": False},
+    "imdb": {"epochs": 2, "max_length": 256, "full_length_eval": True},
+}
+MODEL = {"d_model": 128, "depth": 6, "n_heads": 4, "ffn_hidden": 512}
+OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "grad_clip": 1.0}
+
+
+def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
+    """The benchmark's TrainConfig for one cell (with the reduced-budget overrides, if any)."""
+    setting = DATASETS[dataset]
+    overrides = {k: v for k, v in MODEL.items() if not (model == "paper" and k == "ffn_hidden")}
+    cfg = TrainConfig.from_dict({
+        "model": {"kind": model, **overrides},
+        "data": {"dataset": dataset, "data_dir": args.data_dir, "max_length": setting["max_length"],
+                 "embeddings": "minilm", "max_train_examples": args.max_train_examples,
+                 "max_eval_examples": args.max_eval_examples},
+        "optim": {**OPTIM, "epochs": args.epochs or setting["epochs"], "seed": seed},
+        "run": {"out_dir": str(out_dir), "threads": args.threads, "progress": not args.no_progress,
+                "checkpoint_every": 500},
+    })
+    return cfg
+
+
+def is_reduced(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.max_train_examples, args.epochs, args.max_eval_examples))
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> Path:
+    """Train and evaluate one cell; returns the path of its result JSON."""
+    reduced = is_reduced(args)
+    name = f"{dataset}-{model}-seed{seed}" + ("-reduced" if reduced else "")
+    work = Path(args.work_dir) / name
+    cfg = cell_config(dataset, model, seed, args, work)
+    if not args.resume and (work / "checkpoint.pt").exists():
+        cfg.run.overwrite = True
+    summary = train(cfg, resume=args.resume)
+    evals = evaluate_cell(work, dataset, cfg.data.max_eval_examples)
+    resolved = json.loads((work / "config.json").read_text())["resolved"]
+    record = {
+        "dataset": dataset, "model": model, "seed": seed, "budget": "reduced" if reduced else "full",
+        "accuracy": summary["final"]["eval_accuracy"], "best_accuracy": summary["best"]["eval_accuracy"],
+        "eval_split": cfg.eval_split, "eval_max_length": cfg.data.max_length, **evals,
+        "requested": {"epochs": args.epochs, "max_train_examples": args.max_train_examples,
+                      "max_eval_examples": args.max_eval_examples},
+        "train_examples": resolved["train_examples"], "eval_examples": resolved["eval_examples"],
+        "epochs": cfg.optim.epochs, "steps": summary["steps"], "parameters": resolved["parameters"],
+        "train_tokens": summary["train_tokens"], "padded_tokens": summary["padded_tokens"],
+        "train_time_s": summary["train_time_s"], "tokens_per_s": summary["tokens_per_s"],
+        # wall time: the training run (data preparation, steps, in-training evaluation, checkpoints;
+        # summed over resumed sessions) plus the final evaluation
+        "wall_time_s": summary["wall_time_s"] + evals["eval_time_s"], "train_wall_time_s": summary["wall_time_s"],
+        "metrics": summary_metrics(work), "config": cfg.to_dict(), "resolved_model": resolved["model"],
+        "machine": {**environment(), "threads": torch.get_num_threads()}, "git_commit": git_commit(),
+        "run_dir": str(work),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
+    return path
+
+
+def evaluate_cell(work: Path, dataset: str, max_examples: int | None) -> dict:
+    """Energy statistics of the final weights at the training length (the preset's safeguard setting);
+    for IMDB also accuracy at full length (energy statistics then come from that pass)."""
+    start = time.perf_counter()
+    out: dict = {}
+    weights = work / "last.safetensors"
+    if DATASETS[dataset]["full_length_eval"]:
+        full = evaluate_checkpoint(weights, full_length=True, max_examples=max_examples)
+        out.update(accuracy_full_length=full["accuracy"], energy_full_length=full["energy"])
+        out["safeguard_at_eval"] = full["safeguard"]
+    else:
+        res = evaluate_checkpoint(weights, max_examples=max_examples)
+        out.update(energy=res["energy"], safeguard_at_eval=res["safeguard"], eval_check_accuracy=res["accuracy"])
+    out["eval_time_s"] = time.perf_counter() - start
+    return out
+
+
+def summary_metrics(work: Path) -> list[dict]:
+    return [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
+    p.add_argument("--dataset", choices=sorted(DATASETS))
+    p.add_argument("--model", choices=KINDS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--all", action="store_true", help="every (dataset, model, seed) cell without a result yet")
+    p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=sorted(DATASETS, reverse=True))
+    p.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--force", action="store_true", help="with --all: rerun cells that already have a result")
+    p.add_argument("--max-train-examples", type=int, help="reduced budget: a fixed random subset of train")
+    p.add_argument("--max-eval-examples", type=int, help="reduced budget: a fixed random subset of eval")
+    p.add_argument("--epochs", type=int, help="reduced budget: epochs instead of the dataset's")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    p.add_argument("--data-dir", default=str(SHARED_DATA) if SHARED_DATA.is_dir() else None,
+                   help="folder with SST-2.zip / aclImdb_v1.tar.gz (default: ../shared/data if present, "
+                        "else $UNFOLDFORMER_DATA or the cache)")
+    p.add_argument("--work-dir", default=str(cache_dir() / "benchmark-runs"), help="training run folders")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted cell from its checkpoint")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if not args.all and not (args.dataset and args.model):
+        p.error("give --dataset and --model (one cell) or --all")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cells = ([(d, m, s) for d in args.datasets for m in args.models for s in args.seeds] if args.all
+             else [(args.dataset, args.model, args.seed)])
+    suffix = "-reduced" if is_reduced(args) else ""
+    for dataset, model, seed in cells:
+        existing = RESULTS / f"{dataset}-{model}-seed{seed}{suffix}.json"
+        if args.all and existing.exists() and not args.force:
+            print(f"skip {existing.name} (exists)", file=sys.stderr)
+            continue
+        path = run_cell(dataset, model, seed, args)
+        rec = json.loads(path.read_text())
+        print(f"{path.name}: accuracy {rec['accuracy']:.4f}, {rec['tokens_per_s']:.0f} tokens/s, "
+              f"wall {rec['wall_time_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

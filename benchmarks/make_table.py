@@ -1,0 +1,127 @@
+"""Markdown table of the accuracy benchmark from `benchmarks/results/*.json`.
+
+    python benchmarks/make_table.py [--results DIR] [--output FILE]
+
+One row per (budget, model): accuracy per dataset as mean ± sample std over seeds (a single value
+when there is one seed; the seed count in parentheses), IMDB full-length accuracy, training
+tokens/s, and the throughput ratio to the standard Transformer on the same dataset and budget.
+Full-budget and reduced runs are never pooled: reduced rows go to their own table, with the
+budget that was run (examples, epochs) stated.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("certified-tied", "certified-untied", "paper", "standard")
+NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
+         "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer"}
+DATASET_NAMES = {"sst2": "SST-2 dev", "imdb": "IMDB test"}
+
+
+def load_results(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def mean_std(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    """'m ± s (n)' for n ≥ 2, 'v (1)' for one value, '–' for none."""
+    if not values:
+        return "–"
+    vals = [v * scale for v in values]
+    if len(vals) == 1:
+        return f"{vals[0]:.{digits}f} (1)"
+    return f"{statistics.mean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f} ({len(vals)})"
+
+
+def group(records: list[dict]) -> dict:
+    """{budget: {dataset: {model: [records]}}}, budget = 'full' or a description of the reduced run."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for rec in records:
+        budget = "full" if rec["budget"] == "full" else (
+            f"reduced: {rec['train_examples']} train / {rec['eval_examples']} eval examples, {rec['epochs']} epoch(s)")
+        out[budget][rec["dataset"]][rec["model"]].append(rec)
+    return out
+
+
+def table(by_dataset: dict) -> str:
+    datasets = [d for d in DATASET_NAMES if d in by_dataset]
+    head = ["model"]
+    for d in datasets:
+        head.append(f"{DATASET_NAMES[d]} acc (%)")
+        if d == "imdb":
+            head.append("IMDB test, full length (%)")
+        head += [f"{d} tokens/s", f"{d} speed vs standard"]
+    head += ["every layer descends (%)", "energy curve never rises (%)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in MODELS:
+        if not any(model in by_dataset[d] for d in datasets):
+            continue
+        lines.append("| " + " | ".join([NAMES[model]] + row(model, by_dataset, datasets)) + " |")
+    return "\n".join(lines)
+
+
+def row(model: str, by_dataset: dict, datasets: list[str]) -> list[str]:
+    cells, monotone, descent = [], [], []
+    for d in datasets:
+        recs = by_dataset[d].get(model, [])
+        cells.append(mean_std([r["accuracy"] for r in recs]))
+        if d == "imdb":
+            cells.append(mean_std([r["accuracy_full_length"] for r in recs if r.get("accuracy_full_length") is not None]))
+        speed = [r["tokens_per_s"] for r in recs]
+        base = [r["tokens_per_s"] for r in by_dataset[d].get("standard", [])]
+        cells.append(f"{statistics.mean(speed):,.0f}" if speed else "–")
+        cells.append(f"{statistics.mean(speed) / statistics.mean(base):.2f}×" if speed and base else "–")
+        for r in recs:
+            energy = r.get("energy") or r.get("energy_full_length")
+            if energy:
+                monotone.append(energy["monotone_share"])
+                descent.append(energy["layer_descent_share"])
+    cells += [mean_std(descent) if descent else "n/a", mean_std(monotone) if monotone else "n/a"]
+    return cells
+
+
+def machines(records: list[dict]) -> str:
+    seen = sorted({f"{r['machine'].get('processor')}, {r['machine'].get('cpu_count')} cores, "
+                   f"{r['machine'].get('threads')} threads, torch {r['machine'].get('torch')}" for r in records})
+    return "; ".join(seen)
+
+
+def render(records: list[dict]) -> str:
+    if not records:
+        return "_No benchmark results yet (run `python benchmarks/accuracy.py`)._\n"
+    parts = []
+    for budget, by_dataset in sorted(group(records).items(), key=lambda kv: kv[0] != "full"):
+        title = "Full budget (SST-2: 3 epochs, max length 64; IMDB: 2 epochs, max length 256)" \
+            if budget == "full" else budget.capitalize()
+        parts += [f"**{title}**", "", table(by_dataset), ""]
+    parts.append("Accuracy of the final weights, mean ± sample std over seeds (number of seeds). Width 128, "
+                 "depth 6, 4 heads, FFN width 512, frozen MiniLM word-piece table + one trainable linear map, "
+                 "same optimiser and token budget for all models. \"speed vs standard\": training tokens/s "
+                 "relative to the standard Transformer. \"every layer descends\": share of evaluation samples for "
+                 "which each layer lowers its own energy, E_ℓ(Y⁽ℓ⁾) ≤ E_ℓ(Y⁽ℓ⁻¹⁾); \"curve never rises\": share "
+                 "whose curve E(Y⁰) ≥ … ≥ E(Yᵀ) holds — one energy for tied models, for untied ones the curve "
+                 "mixes the layers' different energies. Both allow float32 round-off (1e-6 relative). Certified "
+                 "models evaluate with their safeguard on, the paper preset without it.")
+    parts.append(f"Machine: {machines(records)}.")
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--output", help="write the markdown here (default: stdout)")
+    args = p.parse_args(argv)
+    text = render(load_results(Path(args.results)))
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,337 @@
+"""Training, evaluation, checkpoints, resume and DDP (tiny shapes, synthetic SST-2-format data)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from unfoldformer import cli
+from unfoldformer.data.batching import BucketBatchSampler, TokenizedDataset, eval_batches, shard
+from unfoldformer.train import (KINDS, CheckpointError, ConfigError, TrainConfig, build_classifier,
+                                evaluate_checkpoint, load_train_state, load_weights, lr_factor, train)
+
+REPO = Path(__file__).resolve().parent.parent
+POS, NEG = "good great superb lovely fine".split(), "bad awful poor dull boring".split()
+FILL = "the a movie film plot was is and it quite".split()
+
+
+def _sentences(n: int, rng: random.Random) -> str:
+    rows = ["sentence\tlabel"]
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = [rng.choice(FILL) for _ in range(rng.randint(2, 12))]
+        for _ in range(rng.randint(1, 2)):
+            words.insert(rng.randint(0, len(words)), rng.choice(POS if label else NEG))
+        rows.append(" ".join(words) + " \t" + str(label))
+    return "\n".join(rows) + "\n"
+
+
+@pytest.fixture(scope="module")
+def sst2_dir(tmp_path_factory) -> Path:
+    """A synthetic SST-2 folder (GLUE tsv format): 400 train, 100 dev sentences with sentiment words."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "SST-2").mkdir()
+    rng = random.Random(0)
+    (root / "SST-2" / "train.tsv").write_text(_sentences(400, rng))
+    (root / "SST-2" / "dev.tsv").write_text(_sentences(100, rng))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)      # the machine is shared; one thread is fastest for tiny shapes
+
+
+TINY = ["--data.embeddings", "random", "--data.embedding_dim", "16", "--model.d_model", "16",
+        "--model.n_heads", "2", "--model.depth", "2", "--optim.batch_size", "16", "--optim.lr", "3e-3",
+        "--run.threads", "1", "--run.progress", "false"]
+
+
+def tiny_config(data_dir: Path, out_dir: Path, *extra: str) -> TrainConfig:
+    cfg = TrainConfig().apply_overrides(TINY + ["--data.data_dir", str(data_dir), "--run.out_dir", str(out_dir)])
+    cfg.apply_overrides(list(extra))
+    if cfg.model.kind != "paper":
+        cfg.model.overrides["ffn_hidden"] = 32
+    return cfg
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_round_trip_json_and_yaml(tmp_path):
+    cfg = TrainConfig().apply_overrides(["--model.kind", "paper", "--model.depth", "12", "--optim.lr=3e-4",
+                                         "--data.max_length", "null", "--run.eval_every", "100",
+                                         "--run.progress", "false", "--model.rho", "log"])
+    assert cfg.model.overrides == {"depth": 12, "rho": "log"}
+    assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.data.max_length is None and cfg.run.eval_every == 100 and cfg.run.progress is False
+    for name in ("c.json", "c.yaml"):
+        cfg.save(tmp_path / name, extra={"note": "ignored on load"})
+        assert TrainConfig.load(tmp_path / name).to_dict() == cfg.to_dict()
+    assert cfg.model_config().depth == 12 and cfg.model_config().d_model == 300   # paper preset + override
+
+
+def test_yaml_file_values_are_coerced(tmp_path):
+    (tmp_path / "c.yaml").write_text("model:\n  kind: standard\n  depth: 3\noptim:\n  lr: 3e-4\n  epochs: 2\n")
+    cfg = TrainConfig.load(tmp_path / "c.yaml")
+    assert cfg.optim.lr == 3e-4 and cfg.model_config()["depth"] == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model.kind", "transformer"], "unknown model.kind 'transformer'"),
+    (["--optim.lr", "-1e-3"], "optim.lr must be a positive number"),
+    (["--model.depth", "0"], "depth must be >= 1"),
+    (["--optim.epochs", "0"], "optim.epochs must be >= 1"),
+    (["--model.alpha_attention", "1.5"], "outside the certified range"),
+    (["--model.kind", "standard", "--model.rho", "log"], "does not apply to model.kind 'standard'"),
+    (["--data.eval_split", "test"], "not a labelled split of sst2"),
+    (["--data.embeddings", "glove:/nonexistent/vectors.txt"], "word-vector file"),
+])
+def test_bad_configs_fail_before_training(sst2_dir, tmp_path, args, message):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message):
+        train(tiny_config(sst2_dir, out, *args))
+    assert not out.exists()
+
+
+def test_unknown_keys_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown config key 'optim.learning_rate'"):
+        TrainConfig().apply_overrides(["--optim.learning_rate", "1"])
+    with pytest.raises(ConfigError, match="optim.epochs: expected int"):
+        TrainConfig().apply_overrides(["--optim.epochs", "many"])
+    with pytest.raises(ConfigError, match="set by model.kind"):
+        TrainConfig().apply_overrides(["--model.tied", "false"])
+
+
+def test_missing_data_fails_up_front(tmp_path, monkeypatch):
+    monkeypatch.delenv("UNFOLDFORMER_DATA", raising=False)
+    monkeypatch.setenv("UNFOLDFORMER_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config(tmp_path / "empty", tmp_path / "run", "--data.dataset", "imdb")
+    with pytest.raises(ConfigError, match="data for data.dataset='imdb' is missing"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_reports_config_errors(capsys, sst2_dir, tmp_path):
+    code = cli.main(["train", "--model.kind", "nope", "--run.out_dir", str(tmp_path / "r")])
+    assert code == 2 and "unknown model.kind 'nope'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- batching and schedule
+def test_bucket_sampler_is_seeded_complete_and_resumable():
+    lengths = np.random.default_rng(0).integers(1, 60, size=203)
+    s = BucketBatchSampler(lengths, batch_size=8, seed=3, chunk_batches=5)
+    first = s.batches(0)
+    assert sorted(i for b in first for i in b) == list(range(203)) and len(first) == len(s)
+    assert first == BucketBatchSampler(lengths, 8, 3, 5).batches(0) and first != s.batches(1)
+    chunk_spread = np.mean([np.ptp(lengths[b]) for b in first])
+    assert chunk_spread < np.ptp(lengths) / 2                     # bucketing keeps lengths together
+    it = iter(s)
+    taken = [next(it) for _ in range(4)]
+    resumed = BucketBatchSampler(lengths, 8, 3, 5)
+    resumed.load_state_dict(s.state_dict())
+    assert taken + list(resumed) == first
+    with pytest.raises(ValueError, match="seed"):
+        BucketBatchSampler(lengths, 8, 4, 5).load_state_dict(s.state_dict())
+    dropped = BucketBatchSampler(np.ones(17), 8, 0, 50, drop_smaller_than=2)
+    assert len(dropped) == len(dropped.batches(0)) == 2
+    assert shard([0, 1, 2, 3, 4], 1, 2) == [1, 3]
+
+
+def test_collate_and_eval_batches():
+    ds = TokenizedDataset(np.arange(1, 10, dtype=np.int32), np.array([0, 2, 2, 9]), np.array([0, 1, 1]))
+    ids, mask, labels = ds.collate([0, 1, 2], max_length=4, pad_id=0)
+    assert ids.tolist() == [[1, 2, 0, 0], [0, 0, 0, 0], [3, 4, 5, 6]]
+    assert mask.tolist() == [[False, False, True, True], [False, True, True, True], [False] * 4]
+    assert labels.tolist() == [0, 1, 1]
+    batches = eval_batches(np.array([100, 3, 50, 7]), batch_size=3, max_tokens_sq=5000)
+    assert batches == [[0], [2, 3], [1]]          # 5000 // 50² = 2 examples of length 50
+
+
+def test_lr_schedule():
+    f = [lr_factor(s, 4, 20, 0.1) for s in range(21)]
+    assert f[:4] == [0.25, 0.5, 0.75, 1.0] and f[4] == 1.0
+    assert all(a >= b for a, b in zip(f[4:], f[5:])) and f[20] == pytest.approx(0.1)
+
+
+# ----------------------------------------------------------------------------- models
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_few_steps_lower_the_loss(kind, sst2_dir, tmp_path):
+    cfg = tiny_config(sst2_dir, tmp_path, "--model.kind", kind)
+    torch.manual_seed(0)
+    table = torch.randn(30, 16) / 4
+    emb = type("E", (), {"table": table, "pad_id": 0})()
+    model = build_classifier(cfg, emb)
+    assert model.project.weight.shape == (16, 16) and not model.embedding.weight.requires_grad
+    ids = torch.randint(1, 30, (16, 10))
+    mask = torch.zeros(16, 10, dtype=torch.bool)
+    mask[::2, 6:] = True
+    labels = (ids[:, :6] < 15).sum(dim=1).gt(3).long()             # learnable from the unmasked tokens
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(40):
+        loss = F.cross_entropy(model(ids, mask)[0], labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+# ----------------------------------------------------------------------------- runs
+@pytest.fixture(scope="module")
+def trained_run(sst2_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "certified"
+    cfg = tiny_config(sst2_dir, out, "--optim.epochs", "2", "--run.checkpoint_every", "10")
+    return cfg, train(cfg)
+
+
+def test_run_writes_outputs_and_learns(trained_run):
+    cfg, summary = trained_run
+    out = Path(cfg.run.out_dir)
+    for name in ("config.json", "checkpoint.pt", "best.safetensors", "best.json", "last.safetensors",
+                 "metrics.jsonl", "metrics.csv", "summary.json"):
+        assert (out / name).is_file(), name
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["resolved"]["model"]["tied"] is True and saved["resolved"]["train_examples"] == 400
+    assert TrainConfig.from_dict(saved).to_dict() == cfg.to_dict()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [25, 50] and len((out / "metrics.csv").read_text().splitlines()) == 3
+    assert summary["best"]["eval_accuracy"] >= 0.7 and rows[-1]["energy_monotone_share"] == 1.0
+    assert not list(out.glob(".*.tmp"))                            # no temporary files left behind
+
+
+def test_evaluate_reproduces_saved_accuracy(trained_run, capsys):
+    cfg, summary = trained_run
+    out = Path(cfg.run.out_dir)
+    best = json.loads((out / "best.json").read_text())["metrics"]
+    res = evaluate_checkpoint(out / "best.safetensors")
+    assert res["accuracy"] == best["eval_accuracy"] and res["loss"] == pytest.approx(best["eval_loss"], rel=1e-6)
+    e = res["energy"]
+    assert e["monotone_share"] == 1.0 and e["layer_descent_share"] == 1.0 and len(e["mean_curve"]) == 3
+    assert cli.main(["evaluate", str(out), "--no-energies", "--safeguard", "off"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["energy"] is None and printed["safeguard"] is False
+
+
+def test_standard_model_has_no_energy_stats(sst2_dir, tmp_path):
+    cfg = tiny_config(sst2_dir, tmp_path / "std", "--model.kind", "standard", "--data.max_train_examples", "64")
+    train(cfg)
+    res = evaluate_checkpoint(tmp_path / "std")
+    assert res["energy"] is None and res["kind"] == "standard" and res["n"] == 100
+
+
+def test_existing_run_is_not_overwritten(trained_run):
+    cfg, _ = trained_run
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(cfg)
+    assert train(cfg, resume=True)["steps"] == 50                 # finished: nothing to do
+
+
+def test_truncated_and_foreign_checkpoints_give_clear_errors(trained_run, tmp_path):
+    cfg, _ = trained_run
+    out = Path(cfg.run.out_dir)
+    bad = tmp_path / "checkpoint.pt"
+    bad.write_bytes((out / "checkpoint.pt").read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match=f"{bad}: cannot read checkpoint"):
+        load_train_state(bad)
+    torch.save({"weights": torch.zeros(2)}, bad)
+    with pytest.raises(CheckpointError, match="not an unfoldformer training checkpoint"):
+        load_train_state(bad)
+    weights = tmp_path / "best.safetensors"
+    weights.write_bytes((out / "best.safetensors").read_bytes()[:300])
+    with pytest.raises(CheckpointError, match=f"{weights}: not a readable safetensors file"):
+        load_weights(weights)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:5000])
+    resumed = TrainConfig.from_dict({**cfg.to_dict(), "run": {**cfg.to_dict()["run"], "out_dir": str(run)}})
+    with pytest.raises(CheckpointError, match="checkpoint.pt: cannot read checkpoint"):
+        train(resumed, resume=True)
+
+
+def _python_env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def test_resume_after_sigkill_is_bitwise_identical(sst2_dir, tmp_path):
+    args = ["--optim.epochs", "2", "--optim.batch_size", "8", "--run.checkpoint_every", "2",
+            "--run.eval_every", "20"]
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "unfoldformer", "train", *TINY, "--data.data_dir", str(sst2_dir),
+           "--model.ffn_hidden", "32", *args]
+    proc = subprocess.Popen(cmd + ["--run.out_dir", str(killed)], env=_python_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not (killed / "checkpoint.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    step = load_train_state(killed / "checkpoint.pt")["progress"]["step"]
+    assert 2 <= step < 100 and not (killed / "summary.json").exists()
+    resumed = subprocess.run([sys.executable, "-m", "unfoldformer", "train", "--run.out_dir", str(killed),
+                              "--resume"], env=_python_env(), capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"at step {step}" in resumed.stderr
+
+    straight = tiny_config(sst2_dir, tmp_path / "straight", *args, "--model.ffn_hidden", "32")
+    train(straight)
+    a, _, _ = load_weights(killed / "last.safetensors")
+    b, _, _ = load_weights(tmp_path / "straight" / "last.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda p: [{k: v for k, v in json.loads(line).items() if "time" not in k and "per_s" not in k}
+                       for line in p.read_text().splitlines()]
+    assert strip(killed / "metrics.jsonl") == strip(tmp_path / "straight" / "metrics.jsonl")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_match_single_process(sst2_dir, tmp_path):
+    args = ["--data.max_train_examples", "96", "--data.max_eval_examples", "40", "--run.checkpoint_every", "0",
+            "--optim.epochs", "1"]
+    ddp_out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "unfoldformer", "train",
+           *TINY, "--data.data_dir", str(sst2_dir), "--model.ffn_hidden", "32", *args, "--run.out_dir", str(ddp_out)]
+    result = subprocess.run(cmd, env=_python_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((ddp_out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["ranks_identical"] and len(summary["rank_weights_sha256"]) == 2
+
+    single_cfg = tiny_config(sst2_dir, tmp_path / "single", *args)
+    single = train(single_cfg)
+    assert single["steps"] == summary["steps"] == 6
+    assert single["final"]["eval_accuracy"] == summary["final"]["eval_accuracy"]
+    a, cfg, _ = load_weights(ddp_out / "last.safetensors")
+    b, _, _ = load_weights(tmp_path / "single" / "last.safetensors")
+    basis = [k for k in a if "parametrizations" in k]
+    for k in a.keys() - set(basis):
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+    # Rotations inside one head's subspace do not change the model (isotropic heads); their gradients are
+    # rounding noise that Adam amplifies, so compare the head projectors U_h U_hᵀ, not the raw parameters.
+    emb = type("E", (), {"table": torch.zeros(200, 16), "pad_id": 0})()
+    projectors = []
+    for state in (a, b):
+        model = build_classifier(cfg, emb)
+        model.load_state_dict(state, strict=False)
+        U = model.encoder.layers[0].attention.subspaces()        # (H, d, dh)
+        projectors.append(U @ U.transpose(1, 2))
+    torch.testing.assert_close(projectors[0], projectors[1], rtol=0, atol=1e-4)
