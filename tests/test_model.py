@@ -6,7 +6,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unfoldformer import energy as E
 from unfoldformer.layers import bounded_symmetric, released_normalize
 from unfoldformer.model import (PRESETS, ModelConfig, SequenceClassifier, StandardTransformer, UnfoldedTransformer,
                                 descent_tolerance, list_presets, masked_mean)
@@ -204,6 +203,9 @@ def test_bad_configs_and_inputs():
 def test_config_round_trip_and_registry():
     cfg = ModelConfig.preset("certified", depth=3)
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.preset_name == "certified" and ModelConfig().preset_name is None
+    legacy = {k: v for k, v in cfg.to_dict().items() if k != "preset_name"} | {"preset": "certified"}
+    assert ModelConfig.from_dict(legacy) == cfg
     assert set(list_presets()) == {"paper", "paper-as-released", "certified"}
 
 

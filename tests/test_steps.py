@@ -2,13 +2,11 @@
 path, and the counterexamples of §3.6 (which must produce increases at a measured rate)."""
 import pytest
 import torch
-import torch.nn.functional as F_nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unfoldformer import energy as E
 from unfoldformer import steps as S
-from unfoldformer.rho import get_rho
 
 D64 = torch.float64
 MANY = settings(max_examples=1000, deadline=None, derandomize=True)

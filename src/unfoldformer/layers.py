@@ -24,6 +24,7 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from . import energy as E
 from .steps import (anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step,
@@ -120,17 +121,38 @@ def bounded_symmetric(S: Tensor, bound: float, method: str = "clip") -> Tensor:
     raise ValueError(f"unknown spectrum method {method!r}; valid: clip, scale")
 
 
+class BoundedSymmetric(nn.Module):
+    """Parametrization S ↦ W_F with spec(W_F) ⊂ [−bound, bound] (see `bounded_symmetric`)."""
+
+    def __init__(self, bound: float, method: str):
+        super().__init__()
+        self.bound, self.method = bound, method
+
+    def forward(self, S: Tensor) -> Tensor:
+        return bounded_symmetric(S, self.bound, self.method)
+
+
 class SymmetricFFN(nn.Module):
-    """(F1) Y⁺ = ReLU((1−η)Y + η(Y W_F + 1b)), W_F symmetric with spec(W_F) ⊂ [−r, r], r < 1."""
+    """(F1) Y⁺ = ReLU((1−η)Y + η(Y W_F + 1b)), W_F symmetric with spec(W_F) ⊂ [−r, r], r < 1.
+
+    W_F is a parametrization of a free matrix S, so the bound holds after every optimizer
+    step; inside `parametrize.cached()` (the model's forward) it is computed once.
+    """
 
     def __init__(self, d: int, eta: float, relu: bool, bound: float, method: str):
         super().__init__()
-        self.eta, self.relu, self.bound, self.method = eta, relu, bound, method
-        self.S = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
+        self.eta, self.relu = eta, relu
+        self.W_F = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
+        parametrize.register_parametrization(self, "W_F", BoundedSymmetric(bound, method))
         self.b = nn.Parameter(nn.init.xavier_normal_(torch.empty(1, d)).reshape(d))
 
+    @property
+    def S(self) -> nn.Parameter:
+        """The free matrix behind W_F."""
+        return self.parametrizations.W_F.original
+
     def weight(self) -> Tensor:
-        return bounded_symmetric(self.S, self.bound, self.method)
+        return self.W_F
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
         return symmetric_ffn_step(Y, self.weight(), self.b, self.eta * scale, self.relu, padding_mask)

@@ -57,7 +57,7 @@ class ModelConfig:
     safeguard: bool = False           # backtracking at inference: whole-layer descent by construction
     safeguard_halvings: int = 8       # then the layer is skipped for that sample (scale 0)
     certified: bool = False           # validate step sizes against the theorems
-    preset: str | None = None
+    preset_name: str | None = None    # the preset this config was resolved from
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModelConfig":
@@ -66,7 +66,7 @@ class ModelConfig:
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
-        cfg = cls(**{**PRESETS[name], **overrides, "preset": name})
+        cfg = cls(**{**PRESETS[name], **overrides, "preset_name": name})
         cfg.validate()
         return cfg
 
@@ -75,6 +75,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
+        data = dict(data)
+        if "preset" in data:  # configs saved before the field was renamed
+            data["preset_name"] = data.pop("preset")
         cfg = cls(**data)
         cfg.validate()
         return cfg
