@@ -67,12 +67,10 @@ class TokenizedDataset:
 
 def _tokenize_all(texts: list[str], embeddings: StaticEmbeddings) -> tuple[np.ndarray, np.ndarray]:
     """Flat tokens and offsets of ``texts``, tokenised in chunks."""
-    # StaticEmbeddings has no public batch tokenizer; use its internal one (fast, parallel) when present.
-    many = getattr(embeddings, "_tokenize_many", None) or (lambda batch: [embeddings.tokenize(t) for t in batch])
     pieces: list[np.ndarray] = []
     for start in range(0, len(texts), _TOKENIZE_CHUNK):
         batch = texts[start:start + _TOKENIZE_CHUNK]
-        pieces.extend(np.asarray(ids, dtype=np.int32) for ids in many(batch))
+        pieces.extend(np.asarray(ids, dtype=np.int32) for ids in embeddings.tokenize_many(batch))
     offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(p) for p in pieces])
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)

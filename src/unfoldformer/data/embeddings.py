@@ -115,6 +115,13 @@ class StaticEmbeddings:
         """Token ids of one text (no special tokens, no truncation)."""
         return self._tokenize_many([text])[0]
 
+    def tokenize_many(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens, no truncation); faster than one
+        :meth:`tokenize` call per text (the MiniLM tokenizer works on the whole batch)."""
+        if isinstance(texts, str):
+            raise TypeError("tokenize_many expects a list of texts, not a single string")
+        return self._tokenize_many(list(texts))
+
     def encode(self, texts: list[str], max_length: int | None = None) -> EncodedBatch:
         """Tokenize, truncate to ``max_length`` (None: no truncation) and pad to
         the longest sequence of the batch."""

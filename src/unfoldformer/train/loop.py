@@ -1,0 +1,326 @@
+"""The training loop (`Trainer`, `train`) and its distributed (DDP under torchrun) set-up.
+
+`train(cfg, resume=False)`: AdamW, linear warm-up + cosine decay, length-bucketed batches,
+evaluation each epoch (or every `run.eval_every` steps), metrics JSONL/CSV, best weights as
+safetensors; atomic, resumable checkpoints (bitwise-identical final weights on CPU); DDP under
+`torchrun` (rank 0 writes all files).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..data.batching import BucketBatchSampler, eval_batches, shard
+from ..model import ModelConfig
+from .build import _seed_all, build_classifier, load_embeddings_for, load_split, lr_factor, make_optimizer, warmup_steps
+from .checkpoint import (CheckpointError, _check_same_config, _rng_state, _set_rng_state, load_train_state,
+                         model_state, restore_model_state, save_train_state, save_weights, table_sha256,
+                         weights_sha256)
+from .config import ConfigError, TrainConfig
+from .evaluate import eval_sums, finalize_eval
+from .files import _json_bytes, atomic_write_bytes
+
+__all__ = ["DistInfo", "Trainer", "environment", "setup_distributed", "train"]
+
+
+@dataclass
+class DistInfo:
+    """This process's place in a (possibly single-process) run."""
+
+    rank: int = 0
+    world: int = 1
+    local_world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(cfg: TrainConfig) -> DistInfo:
+    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start gloo (CPU) or nccl (GPU) when WORLD_SIZE > 1."""
+    import torch.distributed as dist
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cfg.run.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device='cuda' but no CUDA device is available")
+    cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return DistInfo(rank, world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))), device)
+
+
+def _log(message: str) -> None:
+    from tqdm import tqdm
+    tqdm.write(message, file=sys.stderr)
+
+
+class Trainer:
+    """One training run (one process of it under DDP). Use `train()`."""
+
+    def __init__(self, cfg: TrainConfig, dist_info: DistInfo, resume: bool = False):
+        self._session_start = time.perf_counter()                # wall time includes data preparation
+        self.cfg, self.dist, self.resume = cfg, dist_info, resume
+        self.out = Path(cfg.run.out_dir)
+        self.ckpt_path = self.out / "checkpoint.pt"
+        if self.ckpt_path.exists() and not resume and not cfg.run.overwrite:
+            raise ConfigError(f"{self.out} already holds a run ({self.ckpt_path.name}); pass --resume to continue "
+                              "it, --run.overwrite true to start over, or choose another run.out_dir")
+        self._prepare()
+        if resume and self.ckpt_path.exists():
+            self._load()
+        elif resume and self.dist.main:
+            _log(f"no checkpoint in {self.out}: starting a new run")
+        self.ddp = self.model
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+
+    def _prepare(self) -> None:
+        cfg, d = self.cfg, self.cfg.data
+        _seed_all(cfg.optim.seed)
+        self.embeddings = load_embeddings_for(cfg)
+        self.train_ds = load_split(cfg, self.embeddings, d.train_split, d.max_train_examples)
+        self.eval_ds = load_split(cfg, self.embeddings, cfg.eval_split, d.max_eval_examples)
+        self.train_lengths = self.train_ds.lengths(d.max_length)
+        _seed_all(cfg.optim.seed)                                 # model init independent of data loading
+        self.model = build_classifier(cfg, self.embeddings).to(self.dist.device)
+        self.table_sha = table_sha256(self.model.embedding.weight)
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.sampler = BucketBatchSampler(self.train_lengths, cfg.optim.batch_size, cfg.optim.seed,
+                                          cfg.optim.chunk_batches, drop_smaller_than=self.dist.world)
+        self.total_steps = cfg.optim.epochs * len(self.sampler)
+        warm = warmup_steps(cfg, self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, warm, self.total_steps, cfg.optim.min_lr_ratio))
+        batches = eval_batches(self.eval_ds.lengths(d.max_length), cfg.run.eval_batch_size)
+        self.my_eval_batches = batches[self.dist.rank::self.dist.world]
+        self.state: dict[str, Any] = {"step": 0, "loss_sum": 0.0, "loss_count": 0, "train_tokens": 0,
+                                      "padded_tokens": 0, "train_time": 0.0, "wall_time": 0.0, "metrics": [],
+                                      "best": None, "finished": False}
+
+    # --- checkpoints
+    def _load(self) -> None:
+        st = load_train_state(self.ckpt_path)
+        _check_same_config(st["config"], self.cfg, self.ckpt_path)
+        if st["embedding_sha256"] != self.table_sha:
+            raise CheckpointError(f"{self.ckpt_path}: the embedding table differs from the one of the checkpoint")
+        restore_model_state(self.model, st["model"], self.cfg, str(self.ckpt_path))
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        self.sampler.load_state_dict(st["sampler"])
+        self.state = st["progress"]
+        if not self.dist.main:                                    # rank 0 holds the global partial sums
+            self.state.update(loss_sum=0.0, loss_count=0)
+        _set_rng_state(st["rng"])
+        if self.dist.main:
+            _log(f"resumed {self.ckpt_path} at step {self.state['step']} "
+                 f"(epoch {self.sampler.epoch + 1}, batch {self.sampler.batch_index})")
+
+    def _reduce_partial_loss(self) -> None:
+        """Make rank 0's (loss_sum, loss_count) global and zero the others' (so a checkpoint holds it all)."""
+        if self.dist.world == 1:
+            return
+        import torch.distributed as dist
+        acc = torch.tensor([self.state["loss_sum"], self.state["loss_count"]], dtype=torch.float64,
+                           device=self.dist.device)
+        dist.all_reduce(acc)
+        keep = self.dist.main
+        self.state.update(loss_sum=float(acc[0]) if keep else 0.0, loss_count=int(acc[1]) if keep else 0)
+
+    def _checkpoint(self) -> None:
+        self._reduce_partial_loss()
+        self.state["wall_time"] = self._wall_base + time.perf_counter() - self._session_start
+        if not self.dist.main:
+            return
+        save_train_state(self.ckpt_path, {
+            "config": self.cfg.to_dict(), "model": model_state(self.model, self.cfg),
+            "embedding_sha256": self.table_sha,
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(), "rng": _rng_state(), "progress": self.state})
+
+    # --- loop
+    def run(self) -> dict:
+        if self.state["finished"]:
+            return self._summary()
+        self._wall_base = self.state["wall_time"]
+        if self.dist.main:
+            for stale in self.out.glob(".*.tmp"):                 # left by a process killed mid-write
+                stale.unlink(missing_ok=True)
+            self._write_config()
+        while self.sampler.epoch < self.cfg.optim.epochs:
+            self._train_epoch()
+            self.sampler.next_epoch()
+            self._record()
+            self._checkpoint()
+        return self._finish()
+
+    def _train_epoch(self) -> None:
+        from tqdm import tqdm
+        cfg = self.cfg
+        bar = tqdm(total=len(self.sampler), initial=self.sampler.batch_index, mininterval=1.0,
+                   desc=f"epoch {self.sampler.epoch + 1}/{cfg.optim.epochs}",
+                   disable=not (self.dist.main and cfg.run.progress))
+        for batch in self.sampler:
+            loss = self._step(batch)
+            bar.update()
+            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            step = self.state["step"]
+            if (isinstance(cfg.run.eval_every, int) and step % cfg.run.eval_every == 0
+                    and self.sampler.batch_index < len(self.sampler)):
+                self._record()
+            if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
+                self._checkpoint()
+        bar.close()
+
+    def _step(self, batch: list[int]) -> float:
+        """One optimiser step on a global batch; this rank reads its shard. Returns the shard's mean loss."""
+        d, cfg = self.dist, self.cfg
+        part = shard(batch, d.rank, d.world)
+        ids, mask, labels = self.train_ds.collate(part, cfg.data.max_length, self.embeddings.pad_id)
+        ids, mask, labels = ids.to(d.device), mask.to(d.device), labels.to(d.device)
+        start = time.perf_counter()
+        logits, _ = self.ddp(ids, mask)
+        loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
+        # DDP averages gradients over ranks, so scaling by world / global batch gives the global mean.
+        loss = loss_sum * (d.world / len(batch))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.optim.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        value = loss_sum.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(f"non-finite training loss at step {self.state['step'] + 1} "
+                                     f"(rank {d.rank}); the last checkpoint is {self.ckpt_path}")
+        self.state["train_time"] += time.perf_counter() - start
+        lengths = self.train_lengths[batch]
+        self.state.update(step=self.state["step"] + 1, loss_sum=self.state["loss_sum"] + value,
+                          loss_count=self.state["loss_count"] + len(part),
+                          train_tokens=self.state["train_tokens"] + int(lengths.sum()),
+                          padded_tokens=self.state["padded_tokens"] + int(lengths.max()) * len(batch))
+        return value / max(len(part), 1)
+
+    # --- evaluation and records
+    def _record(self) -> None:
+        import torch.distributed as dist
+        d, st = self.dist, self.state
+        sums = eval_sums(self.model, self.eval_ds, self.my_eval_batches, self.cfg.data.max_length,
+                         self.embeddings.pad_id, d.device, energies=False, progress=d.main and self.cfg.run.progress)
+        acc = torch.tensor([st["loss_sum"], st["loss_count"]], dtype=torch.float64)
+        if d.world > 1:
+            both = torch.cat([sums, acc]).to(d.device)
+            dist.all_reduce(both)
+            sums, acc = both[:-2].cpu(), both[-2:].cpu()
+        res = finalize_eval(sums)
+        rec = {"step": st["step"], "epoch": round(self.sampler.epoch + self.sampler.batch_index / len(self.sampler), 4),
+               "train_loss": float(acc[0]) / max(float(acc[1]), 1), "eval_loss": res["loss"],
+               "eval_accuracy": res["accuracy"], "eval_n": res["n"], "lr": self.scheduler.get_last_lr()[0],
+               "train_tokens": st["train_tokens"], "train_time_s": st["train_time"],
+               "tokens_per_s": st["train_tokens"] / max(st["train_time"], 1e-9)}
+        if res["energy"] is not None:
+            rec["energy_monotone_share"] = res["energy"]["monotone_share"]
+            rec["layer_descent_share"] = res["energy"]["layer_descent_share"]
+        st.update(loss_sum=0.0, loss_count=0)
+        st["metrics"].append(rec)
+        improved = st["best"] is None or rec["eval_accuracy"] > st["best"]["eval_accuracy"]
+        if improved:
+            st["best"] = {k: rec[k] for k in ("step", "epoch", "eval_accuracy", "eval_loss")}
+        if d.main:
+            if improved:
+                save_weights(self.out / "best.safetensors", self.model, self.cfg, {"metrics": rec}, self.table_sha)
+            self._write_metrics()
+            _log(f"step {rec['step']} epoch {rec['epoch']:.2f}: train loss {rec['train_loss']:.4f}, "
+                 f"{self.cfg.eval_split} acc {rec['eval_accuracy']:.4f} (loss {rec['eval_loss']:.4f}), "
+                 f"{rec['tokens_per_s']:.0f} tok/s")
+
+    def _write_metrics(self) -> None:
+        rows = self.state["metrics"]
+        atomic_write_bytes(self.out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_bytes(self.out / "metrics.csv", text.getvalue().encode())
+
+    def _write_config(self) -> None:
+        mcfg = self.cfg.model_config()
+        extra = {"model": mcfg.to_dict() if isinstance(mcfg, ModelConfig) else mcfg,
+                 "parameters": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                 "embeddings": self.embeddings.describe(), "train_examples": len(self.train_ds),
+                 "eval_examples": len(self.eval_ds), "eval_split": self.cfg.eval_split,
+                 "steps_per_epoch": len(self.sampler), "total_steps": self.total_steps,
+                 "world_size": self.dist.world, "threads": torch.get_num_threads(), **environment()}
+        self.cfg.save(self.out / "config.json", extra)
+
+    def _finish(self) -> dict:
+        import torch.distributed as dist
+        self.state["finished"] = True
+        digest = weights_sha256(self.model, self.cfg)
+        digests = [digest]
+        if self.dist.world > 1:
+            digests = [None] * self.dist.world
+            dist.all_gather_object(digests, digest)
+        self.state["rank_weights_sha256"] = digests
+        self._checkpoint()
+        if self.dist.main:
+            save_weights(self.out / "last.safetensors", self.model, self.cfg, {"metrics": self.state["metrics"][-1]},
+                         self.table_sha)
+            atomic_write_bytes(self.out / "summary.json", _json_bytes(self._summary()))
+        return self._summary()
+
+    def _summary(self) -> dict:
+        st = self.state
+        return {"kind": self.cfg.model.kind, "dataset": self.cfg.data.dataset, "steps": st["step"],
+                "best": st["best"], "final": st["metrics"][-1] if st["metrics"] else None,
+                "train_tokens": st["train_tokens"], "padded_tokens": st["padded_tokens"],
+                "train_time_s": st["train_time"], "tokens_per_s": st["train_tokens"] / max(st["train_time"], 1e-9),
+                "wall_time_s": st["wall_time"], "world_size": self.dist.world,
+                "rank_weights_sha256": st.get("rank_weights_sha256"),
+                "ranks_identical": len(set(st.get("rank_weights_sha256") or [None])) == 1,
+                "out_dir": str(self.out)}
+
+
+def environment() -> dict:
+    """Machine and library versions, for reports."""
+    import platform
+    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> dict:
+    """Validate `cfg` (before anything else), train, and return the run summary.
+
+    Under torchrun (WORLD_SIZE > 1) each process runs this; only rank 0 writes files.
+    """
+    cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    if cfg.run.overwrite and not resume and int(os.environ.get("RANK", "0")) == 0:
+        (Path(cfg.run.out_dir) / "checkpoint.pt").unlink(missing_ok=True)
+    import torch.distributed as dist
+    info = setup_distributed(cfg)
+    torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
+    if cfg.run.deterministic:
+        torch.use_deterministic_algorithms(True)
+    try:
+        return Trainer(cfg, info, resume).run()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
