@@ -15,8 +15,7 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+import io
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from ..atomic import atomic_write_bytes
 from .embeddings import StaticEmbeddings
 
 __all__ = ["BucketBatchSampler", "TokenizedDataset", "eval_batches", "shard", "tokenize_dataset"]
@@ -78,17 +78,9 @@ def _tokenize_all(texts: list[str], embeddings: StaticEmbeddings) -> tuple[np.nd
 
 
 def _atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def tokenize_dataset(texts: list[str], labels: list[int], embeddings: StaticEmbeddings,
