@@ -208,8 +208,13 @@ def tied_ffn_energy(Y: Tensor, W1: Tensor, b: Tensor, padding_mask: Tensor | Non
     squares are accumulated in float64.
     """
     valid = check_states(Y, padding_mask)
-    w = _masked_rows(valid)[..., None]                             # (B, n, 1)
     hidden = torch.relu(Y @ W1.to(Y.dtype) + b.to(Y.dtype).reshape(1, 1, -1))  # (B, n, m), input precision
+    return tied_ffn_energy_from_hidden(Y, hidden, valid)
+
+
+def tied_ffn_energy_from_hidden(Y: Tensor, hidden: Tensor, valid: Tensor) -> Tensor:
+    """E_H from a computed hidden layer ReLU(Y W1 + 1b) (B, n, m); `valid` (B, n), True = real token."""
+    w = _masked_rows(valid)[..., None]                             # (B, n, 1)
     return 0.5 * ((Y.to(torch.float64) * w).pow(2).sum(dim=(1, 2))
                   - (hidden.to(torch.float64) * w).pow(2).sum(dim=(1, 2)))
 

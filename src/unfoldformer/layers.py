@@ -175,14 +175,7 @@ class TiedFFN(nn.Module):
 
     def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> tuple[Tensor, Tensor]:
         """The step and E_H at its input from one shared ReLU(Y W1 + 1b)."""
-        valid = E.check_states(Y, padding_mask)
-        hidden = torch.relu(Y @ self.W1 + self.b)                  # (B, n, m)
-        alpha = self.alpha * scale
-        Y_new = torch.where(valid[..., None], (1 - alpha) * Y + alpha * hidden @ self.W1.T, Y)
-        w = valid[..., None].to(torch.float64)
-        energy = 0.5 * ((Y.to(torch.float64) * w).pow(2).sum(dim=(1, 2))
-                        - (hidden.to(torch.float64) * w).pow(2).sum(dim=(1, 2)))
-        return Y_new, energy
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)

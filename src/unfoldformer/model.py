@@ -144,6 +144,14 @@ def descent_tolerance(dtype: torch.dtype) -> float:
     return 1e-12 if dtype == torch.float64 else 1e-6
 
 
+def lowered(before, after, tol: float):
+    """True where `after` does not rise above `before` beyond tol·(1 + |before|).
+
+    Works on tensors and numpy arrays alike; `tol` is usually `descent_tolerance(dtype)`.
+    """
+    return after <= before + tol * (1.0 + abs(before))
+
+
 def list_presets() -> dict[str, dict]:
     return {name: dict(values) for name, values in PRESETS.items()}
 
@@ -241,7 +249,7 @@ class UnfoldedTransformer(nn.Module):
         step scale (halving); after `safeguard_halvings` failed halvings the sample keeps Y
         (scale 0), so its energy never rises. Frozen samples keep Y as well."""
         before = att_y + ffn_y
-        tol = descent_tolerance(Y.dtype) * (1.0 + before.abs())
+        tol = descent_tolerance(Y.dtype)
         scale = torch.zeros(Y.shape[0], dtype=Y.dtype, device=Y.device).masked_fill(~frozen, 1.0)
         U, Y_new = Y, Y
         parts = [att_y, ffn_y, att_y, ffn_y]
@@ -256,7 +264,7 @@ class UnfoldedTransformer(nn.Module):
             parts_t = self._parts(layer, U_t, Y_t, X[todo], sub_mask, ffn_u)
             U, Y_new = U.index_copy(0, todo, U_t), Y_new.index_copy(0, todo, Y_t)
             parts = [p.index_copy(0, todo, q) for p, q in zip(parts, parts_t)]
-            todo = todo[parts_t[2] + parts_t[3] > before[todo] + tol[todo]] if guard else todo[:0]
+            todo = todo[~lowered(before[todo], parts_t[2] + parts_t[3], tol)] if guard else todo[:0]
         if todo.numel():  # fallback: these samples keep Y
             scale = scale.index_fill(0, todo, 0.0)
             U, Y_new = U.index_copy(0, todo, Y[todo]), Y_new.index_copy(0, todo, Y[todo])

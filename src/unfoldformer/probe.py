@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -51,6 +50,7 @@ import torch
 from torch import Tensor
 
 from .energy import attention_energy
+from .runtime import torch_threads
 
 __all__ = ["EnergyAnalysis", "HeadMeasures", "LayerWeights", "MINILM", "ProbeResult",
            "UnsupportedModelError", "attention_weights", "energy_analysis", "head_measures",
@@ -395,19 +395,6 @@ class ProbeResult:
         return {"model_class": self.model_class, "samples": int(e.own_in.shape[0]),
                 "seconds": self.seconds, "notes": self.notes, "per_layer": per_layer,
                 "reference": refs, "heads": heads, "random_baseline": self.baseline}
-
-
-@contextmanager
-def torch_threads(n: int | None):
-    """Temporarily run torch on `n` CPU threads (None: unchanged). The probe's many small
-    kernels run faster on one thread, and much faster when the cores are shared."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def probe(model, texts: Sequence[str], tokenizer=None, *, max_length: int = 128,

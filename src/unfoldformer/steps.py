@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F_nn
 from torch import Tensor
 
-from .energy import check_factors, check_states, head_features, pair_weights
+from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
 from .rho import Rho, get_rho
 
 
@@ -176,11 +176,13 @@ def symmetric_ffn_step(Y: Tensor, W_F: Tensor, b: Tensor, eta: float = 1.0, relu
 
 
 def tied_ffn_step(Y: Tensor, W1: Tensor, b: Tensor, alpha: float = 1.0,
-                  padding_mask: Tensor | None = None) -> Tensor:
+                  padding_mask: Tensor | None = None, *, return_energy: bool = False):
     """(F2) Y⁺ = (1 − α) Y + α ReLU(Y W1 + 1b) W1ᵀ: gradient step on E_H, descent for α ∈ (0, 2).
 
-    W1 (d, m), b (m,). `padding_mask` (B, n) bool, True marks padding.
+    W1 (d, m), b (m,). `padding_mask` (B, n) bool, True marks padding. With `return_energy`
+    also E_H(Y) as (B,) float64, from the same hidden layer: (Y⁺, E_H(Y)).
     """
     valid = check_states(Y, padding_mask)
     hidden = torch.relu(Y @ W1 + b.reshape(1, 1, -1))              # (B, n, m)
-    return _keep_padding(Y, (1 - alpha) * Y + alpha * hidden @ W1.T, valid)
+    Y_new = _keep_padding(Y, (1 - alpha) * Y + alpha * hidden @ W1.T, valid)
+    return (Y_new, tied_ffn_energy_from_hidden(Y, hidden, valid)) if return_energy else Y_new

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..model import PRESETS, ModelConfig, UnfoldedTransformer, descent_tolerance
+from ..model import PRESETS, ModelConfig, UnfoldedTransformer, descent_tolerance, lowered
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def share_lowered(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype) -> float:
     """Share of steps whose energy does not rise beyond round-off."""
-    ok = after <= before + descent_tolerance(dtype) * (1.0 + before.abs())
-    return float(ok.float().mean())
+    return float(lowered(before, after, descent_tolerance(dtype)).float().mean())
 
 
 def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int) -> dict:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import EncodedBatch, StaticEmbeddings, TextExample
-from ..model import ModelConfig, SequenceClassifier, UnfoldedTransformer, descent_tolerance, masked_mean
+from ..model import ModelConfig, SequenceClassifier, UnfoldedTransformer, descent_tolerance, lowered, masked_mean
 
 __all__ = ["CurveSettings", "CurvesResult", "FORMULAS", "VARIANTS", "VariantCurves", "box_stats", "compute",
            "curve_summary", "n_stages", "plot", "select", "spread_ratio",
@@ -272,11 +272,6 @@ def compute(eval_texts: Sequence[str], train: Sequence[TextExample], accuracy: S
 
 
 # ----------------------------------------------------------------------------- statistics
-def _lowered(before: np.ndarray, after: np.ndarray, tol: float) -> np.ndarray:
-    """True where a step does not raise its energy beyond round-off."""
-    return after <= before + tol * (1.0 + np.abs(before))
-
-
 def box_stats(values: np.ndarray) -> dict:
     """Box-plot statistics of one layer (1.5·IQR whiskers, as matplotlib's boxplot)."""
     v = np.asarray(values, dtype=np.float64)                      # (N,)
@@ -302,13 +297,13 @@ def spread_ratio(pooled: np.ndarray) -> float:
 def curve_summary(c: VariantCurves, tol: float) -> dict:
     """Headline numbers of one (formula, variant): shares of lowering steps, mean/median energies."""
     E = c.energies                                                 # (N, T+1)
-    layer_ok = _lowered(E[:, :-1], E[:, 1:], tol)                  # (N, T)
+    layer_ok = lowered(E[:, :-1], E[:, 1:], tol)                  # (N, T)
     rel_rise = (E[:, 1:] - E[:, :-1]) / (1.0 + np.abs(E[:, :-1]))  # (N, T)
     return {
         "share_monotone": float(layer_ok.all(axis=1).mean()),
         "share_layer_steps_lowering": float(layer_ok.mean()),
-        "share_attention_steps_lowering": float(_lowered(c.attention_before, c.attention_after, tol).mean()),
-        "share_ffn_steps_lowering": float(_lowered(c.ffn_before, c.ffn_after, tol).mean()),
+        "share_attention_steps_lowering": float(lowered(c.attention_before, c.attention_after, tol).mean()),
+        "share_ffn_steps_lowering": float(lowered(c.ffn_before, c.ffn_after, tol).mean()),
         "max_relative_layer_rise": float(rel_rise.max()),
         "mean_energy": E.mean(axis=0).tolist(),
         "median_energy": np.median(E, axis=0).tolist(),

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from .outputs import jsonable
 
 DEFAULT_SPLITS = {"sst2": "dev", "imdb": "test"}
 HEAD_PANELS = (("skew_ratio", "skew ratio ‖K‖/‖G‖"),
@@ -98,23 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- files
-def _clean(obj):
-    """NaN/inf -> None (strict JSON), numpy -> Python."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _clean(obj.tolist())
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
-
-
 def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(_clean(obj), indent=1, allow_nan=False))
+    path.write_text(json.dumps(jsonable(obj), indent=1, allow_nan=False))
 
 
 def _per_sample(result) -> dict:

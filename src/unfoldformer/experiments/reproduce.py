@@ -19,16 +19,15 @@ import argparse
 import json
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from ..data import DataFormatError, DataNotFoundError, dataset_files, load_dataset, load_embeddings
+from ..runtime import torch_threads
 from . import fig1_apollonius, fig4_kappa, fig23_alternating
 from . import fig56_energy_curves as fig56
+from .outputs import jsonable
 
 FIGURE_FILES = {1: "fig1_apollonius.png", 2: "fig2_alternating_pca.png", 3: "fig3_alternating_gap.png",
                 4: "fig4_kappa.png", 5: "fig5_energy_imdb.png", 6: "fig6_energy_sst2.png"}
@@ -127,32 +126,6 @@ def resolve(args: argparse.Namespace) -> dict:
             "threads": args.threads, "progress": not args.no_progress}
 
 
-@contextmanager
-def _threads(n: int):
-    from threadpoolctl import threadpool_limits
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        with threadpool_limits(max(1, n)):
-            yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _jsonable(obj):
-    """Numpy scalars/arrays and tuples -> plain JSON types (recursively)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
 # ----------------------------------------------------------------------------- data
 def _curve_settings(cfg: dict, dataset: str) -> fig56.CurveSettings:
     return fig56.CurveSettings(
@@ -208,7 +181,7 @@ def _energy_figures(cfg: dict, inputs: dict, emb, out: Path, tick) -> dict:
         fig56.plot(r, out / FIGURE_FILES[fig],
                    title=f"Figure {fig}: energy per layer, {DATASET_NAMES[name]} "
                          f"{EVAL_SPLIT[name]} ({len(texts)} samples)")
-        res[name] = {**fig56.summary(r), "n_accuracy_all": acc_all, "settings": _jsonable(vars(r.settings))}
+        res[name] = {**fig56.summary(r), "n_accuracy_all": acc_all, "settings": jsonable(vars(r.settings))}
     return res
 
 
@@ -340,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        with _threads(cfg["threads"]):
+        with torch_threads(cfg["threads"]):
             return _run(cfg)
     except (DataNotFoundError, DataFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -368,11 +341,11 @@ def _run(cfg: dict) -> int:
         theory = _theory_figures(cfg, out, tick)
         curves = _energy_figures(cfg, inputs, emb, out, tick)
     timings["total"] = time.perf_counter() - t0
-    results = _jsonable({"mode": cfg["mode"], "seed": cfg["seed"], "figures": theory, "energy_curves": curves,
+    results = jsonable({"mode": cfg["mode"], "seed": cfg["seed"], "figures": theory, "energy_curves": curves,
                          "settings": {k: v for k, v in cfg.items() if k not in ("out", "progress", "threads")},
                          "embeddings": emb.describe() if emb is not None else None, "data_files": files})
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    (out / "timings.json").write_text(json.dumps(_jsonable(timings), indent=2) + "\n")
+    (out / "timings.json").write_text(json.dumps(jsonable(timings), indent=2) + "\n")
     (out / "report.md").write_text(render_report(results, timings, cfg))
     print_summary(results, timings, out)
     return 0

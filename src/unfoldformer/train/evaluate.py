@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.batching import TokenizedDataset, eval_batches
-from ..model import UnfoldedTransformer, descent_tolerance
+from ..model import UnfoldedTransformer, descent_tolerance, lowered
 from .build import build_classifier, load_embeddings_for, load_split
 from .checkpoint import CheckpointError, _unwrap, load_weights, restore_model_state, table_sha256
 from .config import TrainConfig
@@ -58,8 +58,8 @@ def _add_energy_sums(sums: torch.Tensor, out) -> None:
     e = out.energies.detach().cpu()                                # (B, depth + 1) float64
     before, after = out.layer_before.detach().cpu(), out.layer_after.detach().cpu()   # (B, depth)
     sums[3] += e.shape[0]
-    sums[4] += (e[:, 1:] <= e[:, :-1] + tol * (1 + e[:, :-1].abs())).all(dim=1).sum().item()
-    sums[5] += (after <= before + tol * (1 + before.abs())).all(dim=1).sum().item()
+    sums[4] += lowered(e[:, :-1], e[:, 1:], tol).all(dim=1).sum().item()
+    sums[5] += lowered(before, after, tol).all(dim=1).sum().item()
     if out.step_scales is not None:
         sums[6] += (out.step_scales < 1).sum().item()
         sums[7] += out.step_scales.numel()
