@@ -24,11 +24,19 @@ default). The energy statistics (curve-monotone share, layer-descent share, shar
 layer steps, mean curve) are recorded for both: `energy` (off) and `energy_safeguard` (on); the
 standard Transformer has neither. IMDB adds `accuracy_full_length[_safeguard]` and
 `energy_full_length[_safeguard]`. `eval_pass_time_s` times each evaluation pass (`plain`: no energies,
-safeguard off = ordinary inference) and `safeguard_slowdown` = safeguard-on pass / plain pass.
+safeguard off = ordinary inference) and `safeguard_slowdown` = safeguard-on pass / plain pass on the
+same examples.
 The in-training evaluation (`best_accuracy`, `in_training_accuracy`, and the choice of
 `best.safetensors`) uses the preset's eval-mode behaviour, i.e. the safeguard *on* for the
 certified presets (`in_training_eval_safeguard`); it is kept for reference and checked against
 the matching pass (`in_training_check`).
+
+IMDB's test split has 25,000 reviews (mean 295 tokens, some over 2,500), and on 2 cores the
+safeguard and full-length passes over all of it would take hours per model. So (`DATASETS[...]
+["subsets"]`, fixed seed-0 random subsets, recorded in `eval_subsets` and `eval_examples_per_pass`):
+`accuracy` (plain, at 256) is on all 25,000; the per-epoch evaluation during training and every
+energy / safeguard pass (`accuracy_energy_subset`, `accuracy_safeguard`, `energy*`) on 1,000;
+`accuracy_full_length` on 5,000. SST-2 dev (872) is always evaluated whole.
 
 A full-budget cell writes `benchmarks/results/<dataset>-<model>-seed<k>.json`; a reduced one
 (`--max-train-examples`, `--epochs` or `--max-eval-examples`) writes `...-seed<k>-reduced.json`, so
@@ -52,9 +60,14 @@ from unfoldformer.train import KINDS, TrainConfig, atomic_write_bytes, environme
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"   # the project's data folder
+# eval subsets (fixed seed-0 random subsets of the eval split; None: all of it): `train_eval` for the
+# per-epoch evaluation during training, `energy` for the energy / safeguard passes, `full_length` for
+# the plain full-length accuracy. The main accuracy (plain pass at the training length) is always on all.
 DATASETS = {
-    "sst2": {"epochs": 3, "max_length": 64, "full_length_eval": False},
-    "imdb": {"epochs": 2, "max_length": 256, "full_length_eval": True},
+    "sst2": {"epochs": 3, "max_length": 64, "full_length_eval": False,
+             "subsets": {"train_eval": None, "energy": None, "full_length": None}},
+    "imdb": {"epochs": 2, "max_length": 256, "full_length_eval": True,
+             "subsets": {"train_eval": 1000, "energy": 1000, "full_length": 5000}},
 }
 MODEL = {"d_model": 128, "depth": 6, "n_heads": 4, "ffn_hidden": 512}
 OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "grad_clip": 1.0}
@@ -71,7 +84,7 @@ def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, o
                  "max_eval_examples": args.max_eval_examples},
         "optim": {**OPTIM, "epochs": args.epochs or setting["epochs"], "seed": seed},
         "run": {"out_dir": str(out_dir), "threads": args.threads, "progress": not args.no_progress,
-                "checkpoint_every": 500},
+                "checkpoint_every": 500, "eval_examples": setting["subsets"]["train_eval"]},
     })
     return cfg
 
@@ -103,9 +116,9 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
     resolved = json.loads((work / "config.json").read_text())["resolved"]
     in_training = summary["final"]["eval_accuracy"]
     # the in-training evaluation ran in eval mode, i.e. with the preset's safeguard setting
-    matching = evals["accuracy_safeguard"] if preset else evals["accuracy"]
-    check = abs(matching - in_training) < 1e-12
-    if not check:
+    matching = evals.pop("matching_accuracy")
+    check = None if matching is None else abs(matching - in_training) < 1e-12
+    if check is False:
         print(f"warning: {name}: in-training final accuracy {in_training:.6f} differs from the re-evaluation "
               f"with the preset's safeguard setting ({matching:.6f})", file=sys.stderr)
     record = {
@@ -113,6 +126,7 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
         "accuracy": evals.pop("accuracy"), "accuracy_safeguard": evals.pop("accuracy_safeguard"),
         "safeguard_preset": preset, "best_accuracy": summary["best"]["eval_accuracy"],
         "in_training_accuracy": in_training, "in_training_eval_safeguard": preset, "in_training_check": check,
+        "eval_subsets": DATASETS[dataset]["subsets"],
         "eval_split": cfg.eval_split, "eval_max_length": cfg.data.max_length, **evals,
         "requested": {"epochs": args.epochs, "max_train_examples": args.max_train_examples,
                       "max_eval_examples": args.max_eval_examples},
@@ -139,40 +153,58 @@ def preset_safeguard(cfg: TrainConfig) -> bool | None:
     return None if isinstance(mcfg, dict) else bool(mcfg.safeguard)
 
 
-def evaluate_cell(work: Path, dataset: str, max_examples: int | None, preset: bool | None) -> dict:
-    """Accuracy and energy statistics of the final weights at the training length with the safeguard
-    off (the trained function) and on; for IMDB also both at full length. Each pass is timed."""
-    weights = work / "last.safetensors"
-    times: dict[str, float] = {}
+def _limit(a: int | None, b: int | None) -> int | None:
+    """The smaller of two example limits (None: no limit); seed-0 subsets of one split are nested."""
+    return b if a is None else a if b is None else min(a, b)
 
-    def run(label: str, **kw) -> dict:
+
+def evaluate_cell(work: Path, dataset: str, max_examples: int | None, preset: bool | None) -> dict:
+    """Accuracy of the final weights (plain inference, all eval examples); accuracy and energy
+    statistics with the safeguard off and on (on the `energy` subset); for IMDB also full-length
+    accuracy (on the `full_length` subset) and full-length energy statistics (`energy` subset).
+    Each pass is timed; `eval_examples_per_pass` records its size."""
+    weights = work / "last.safetensors"
+    subsets = {k: _limit(max_examples, v) for k, v in DATASETS[dataset]["subsets"].items()}
+    times: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+
+    def run(label: str, limit: int | None, **kw) -> dict:
         start = time.perf_counter()
-        res = evaluate_checkpoint(weights, max_examples=max_examples, **kw)
-        times[label] = time.perf_counter() - start
+        res = evaluate_checkpoint(weights, max_examples=limit, **kw)
+        times[label], sizes[label] = time.perf_counter() - start, res["n"]
         return res
 
     evaluate_checkpoint(weights, max_examples=1, energies=False)   # untimed warm-up: data and table caches
-    out: dict = {}
-    plain = run("plain", safeguard=False, energies=False)     # ordinary inference: the cost baseline
+    plain = run("plain", max_examples, safeguard=False, energies=False)   # ordinary inference: the main accuracy
+    e = subsets["energy"]
+    # ordinary inference on the energy subset: the cost baseline of the safeguard (same examples)
+    base = plain if e == max_examples else run("plain_energy_subset", e, safeguard=False, energies=False)
+    out: dict = {"accuracy": plain["accuracy"]}
     if preset is None:                                        # standard Transformer: no energy, no safeguard
-        out.update(accuracy=plain["accuracy"], accuracy_safeguard=None, energy=None, energy_safeguard=None)
+        out.update(accuracy_energy_subset=base["accuracy"], accuracy_safeguard=None, energy=None,
+                   energy_safeguard=None)
+        matching = base
     else:
-        off, on = run("safeguard_off", safeguard=False), run("safeguard_on", safeguard=True)
-        out.update(accuracy=off["accuracy"], accuracy_safeguard=on["accuracy"],
+        off, on = run("safeguard_off", e, safeguard=False), run("safeguard_on", e, safeguard=True)
+        out.update(accuracy_energy_subset=off["accuracy"], accuracy_safeguard=on["accuracy"],
                    energy=off["energy"], energy_safeguard=on["energy"])
+        matching = on if preset else off
     if DATASETS[dataset]["full_length_eval"]:
-        if preset is None:
-            full = run("full_length", full_length=True, energies=False)
-            out.update(accuracy_full_length=full["accuracy"], accuracy_full_length_safeguard=None,
-                       energy_full_length=None, energy_full_length_safeguard=None)
-        else:
-            off = run("full_length_safeguard_off", full_length=True, safeguard=False)
-            on = run("full_length_safeguard_on", full_length=True, safeguard=True)
-            out.update(accuracy_full_length=off["accuracy"], accuracy_full_length_safeguard=on["accuracy"],
-                       energy_full_length=off["energy"], energy_full_length_safeguard=on["energy"])
-    out["eval_pass_time_s"] = times
-    out["safeguard_slowdown"] = times["safeguard_on"] / times["plain"] if "safeguard_on" in times else None
+        full = run("full_length", subsets["full_length"], full_length=True, safeguard=False, energies=False)
+        out.update(accuracy_full_length=full["accuracy"], accuracy_full_length_safeguard=None,
+                   energy_full_length=None, energy_full_length_safeguard=None)
+        if preset is not None:
+            off = run("full_length_safeguard_off", e, full_length=True, safeguard=False)
+            on = run("full_length_safeguard_on", e, full_length=True, safeguard=True)
+            out.update(accuracy_full_length_safeguard=on["accuracy"], energy_full_length=off["energy"],
+                       energy_full_length_safeguard=on["energy"])
+    out["eval_pass_time_s"], out["eval_examples_per_pass"] = times, sizes
+    base_time = times["plain_energy_subset" if "plain_energy_subset" in times else "plain"]
+    out["safeguard_slowdown"] = times["safeguard_on"] / base_time if "safeguard_on" in times else None
     out["eval_time_s"] = sum(times.values())
+    # the in-training evaluation ran in eval mode (the preset's safeguard) on the train_eval subset
+    same_set = subsets["train_eval"] == e
+    out["matching_accuracy"] = matching["accuracy"] if same_set else None
     return out
 
 

@@ -105,6 +105,20 @@ def machines(records: list[dict]) -> str:
     return "; ".join(seen)
 
 
+def subset_notes(records: list[dict]) -> list[str]:
+    """One line per (dataset, budget) whose passes ran on subsets of the eval split, with their sizes."""
+    notes = set()
+    for r in records:
+        sizes = r.get("eval_examples_per_pass") or {}
+        if len(set(sizes.values())) > 1:
+            size = lambda *keys: next((f"{sizes[k]:,}" for k in keys if k in sizes), "–")
+            notes.add(f"{DATASET_NAMES[r['dataset']]} ({r['budget']} budget): main accuracy on {size('plain')} "
+                      f"examples; safeguard-on accuracy and energy statistics on a fixed random "
+                      f"{size('safeguard_on', 'plain_energy_subset')}; full-length accuracy on a fixed random "
+                      f"{size('full_length')}.")
+    return sorted(notes)
+
+
 def render(records: list[dict]) -> str:
     if not records:
         return "_No benchmark results yet (run `python benchmarks/accuracy.py`)._\n"
@@ -127,6 +141,7 @@ def render(records: list[dict]) -> str:
                  "\"backtracked layer steps\": share of (sample, layer) steps the safeguard shortened or skipped. "
                  "\"safeguard inference cost\": evaluation time with the safeguard on / plain inference "
                  "(same examples, one thread). Energy statistics at the training length, pooled over datasets.")
+    parts += subset_notes(records)
     parts.append(f"Machine: {machines(records)}.")
     return "\n".join(parts) + "\n"
 

@@ -79,6 +79,7 @@ class RunSection:
     eval_every: str | int = "epoch"            # "epoch" or a number of steps (plus every epoch end)
     checkpoint_every: int = 200                # steps between checkpoints (0: epoch ends only)
     eval_batch_size: int = 64
+    eval_examples: int | None = None           # in-training evaluation on a fixed seed-0 subset (None: all)
     threads: int = 0                           # torch threads per process (0: cores / local ranks)
     device: str = "auto"                       # auto | cpu | cuda
     deterministic: bool = False                # torch.use_deterministic_algorithms
@@ -255,6 +256,8 @@ class TrainConfig:
              f"run.eval_every must be 'epoch' or a positive number of steps, got {r.eval_every!r}"),
             (r.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {r.checkpoint_every}"),
             (r.eval_batch_size >= 1, f"run.eval_batch_size must be >= 1, got {r.eval_batch_size}"),
+            (r.eval_examples is None or r.eval_examples >= 1,
+             f"run.eval_examples must be >= 1 or null, got {r.eval_examples}"),
             (r.threads >= 0, f"run.threads must be >= 0, got {r.threads}"),
             (r.device in ("auto", "cpu", "cuda"), f"run.device must be auto, cpu or cuda, got {r.device!r}"),
         ]

@@ -16,11 +16,11 @@ from torch import nn
 
 from ..data.batching import TokenizedDataset, eval_batches
 from ..model import UnfoldedTransformer, descent_tolerance, lowered
-from .build import build_classifier, load_embeddings_for, load_split
+from .build import build_classifier, load_embeddings_for, load_split, subset_indices
 from .checkpoint import CheckpointError, _unwrap, load_weights, restore_model_state, table_sha256
 from .config import TrainConfig
 
-__all__ = ["eval_sums", "evaluate_checkpoint", "finalize_eval"]
+__all__ = ["eval_sums", "evaluate_checkpoint", "finalize_eval", "in_training_eval_batches"]
 
 
 def _encoder_depth(model: nn.Module) -> int:
@@ -50,6 +50,15 @@ def eval_sums(model: nn.Module, ds: TokenizedDataset, batches: list[list[int]], 
             _add_energy_sums(sums, out)
     model.train(was_training)
     return sums
+
+
+def in_training_eval_batches(ds: TokenizedDataset, cfg: TrainConfig) -> list[list[int]]:
+    """Length-sorted evaluation batches over `ds`, or over a fixed seed-0 subset of `run.eval_examples`."""
+    lengths = ds.lengths(cfg.data.max_length)                      # (N,)
+    keep = subset_indices(len(ds), cfg.run.eval_examples)          # (M,) sorted, or None: all
+    if keep is None:
+        return eval_batches(lengths, cfg.run.eval_batch_size)
+    return [[int(keep[i]) for i in batch] for batch in eval_batches(lengths[keep], cfg.run.eval_batch_size)]
 
 
 def _add_energy_sums(sums: torch.Tensor, out) -> None:

@@ -21,14 +21,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..data.batching import BucketBatchSampler, eval_batches, shard
+from ..data.batching import BucketBatchSampler, shard
 from ..model import ModelConfig
 from .build import _seed_all, build_classifier, load_embeddings_for, load_split, lr_factor, make_optimizer, warmup_steps
 from .checkpoint import (CheckpointError, _check_same_config, _rng_state, _set_rng_state, load_train_state,
                          model_state, restore_model_state, save_train_state, save_weights, table_sha256,
                          weights_sha256)
 from .config import ConfigError, TrainConfig
-from .evaluate import eval_sums, finalize_eval
+from .evaluate import eval_sums, finalize_eval, in_training_eval_batches
 from .files import _json_bytes, atomic_write_bytes
 
 __all__ = ["DistInfo", "Trainer", "environment", "setup_distributed", "train"]
@@ -108,8 +108,7 @@ class Trainer:
         warm = warmup_steps(cfg, self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warm, self.total_steps, cfg.optim.min_lr_ratio))
-        batches = eval_batches(self.eval_ds.lengths(d.max_length), cfg.run.eval_batch_size)
-        self.my_eval_batches = batches[self.dist.rank::self.dist.world]
+        self.my_eval_batches = in_training_eval_batches(self.eval_ds, cfg)[self.dist.rank::self.dist.world]
         self.state: dict[str, Any] = {"step": 0, "loss_sum": 0.0, "loss_count": 0, "train_tokens": 0,
                                       "padded_tokens": 0, "train_time": 0.0, "wall_time": 0.0, "metrics": [],
                                       "best": None, "finished": False}
