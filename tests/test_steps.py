@@ -92,6 +92,21 @@ def test_anchored_attention_descends(c, rho, alpha, lam, log_s):
     assert not rises(energy(c["Y"]), after).any()
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(c=cases(multihead=True), lam=st.floats(1e-3, 1e3), log_s=st.floats(-1, 0.5), alpha=st.floats(0.1, 1.0))
+def test_anchored_exp_path_equals_pair_weight_formula(c, lam, log_s, alpha):
+    """The exp path (anchor as an extra softmax key) equals the plain formula
+    c_i ← (1 − α) c_i + α (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) evaluated with explicit pair weights."""
+    from unfoldformer.rho import custom_rho
+    Y = c["Y"] / c["Y"].abs().max().clamp_min(1e-12)               # moderate norms: explicit exp stays finite
+    X = torch.randn(Y.shape, generator=c["g"], dtype=D64)
+    scales = 10 ** (log_s + 0.3 * torch.randn(c["H"], generator=c["g"], dtype=D64))
+    plain_exp = custom_rho(lambda z: -torch.exp(-z), lambda z: torch.exp(-z), name="exp-explicit")  # general branch
+    fast = S.anchored_attention_step(Y, X, scales, lam, "exp", alpha, c["pad"])
+    ref = S.anchored_attention_step(Y, X, scales, lam, plain_exp, alpha, c["pad"])
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- FFN steps
 def bounded_symmetric(d, g, radius):
     Q, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=D64))

@@ -126,6 +126,31 @@ def isotropic_factors(scales: Tensor, d: int, subspaces: Tensor | None = None) -
     return scales[:, None, None] * subspaces.to(scales.dtype).transpose(1, 2)
 
 
+def _anchored_softmax_average(a: Tensor, V: Tensor, Xh: Tensor, log_nu: Tensor, valid: Tensor) -> Tensor:
+    """(ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) for ρ = exp, through one SDPA call: (B, H, n, dh).
+
+    Logits ℓ_ij = a_i·a_j − ½‖a_j‖² and the anchor logit ½‖a_i‖² − log ν are inner products of
+    augmented queries [a_i, ½‖a_i‖² − log ν, 1] with keys [a_j, 0, −½‖a_j‖²] and one shared
+    anchor key [0, 1, 0]; values are [c_j, 0, 0] and, for the anchor, [0, 1, 0], so output
+    column dh is the anchor weight 1 / (ν d_i + 1), which then multiplies x_i. (Values are
+    padded to the keys' width: the fused CPU kernel needs equal head widths.)
+    """
+    B, H, n, dh = a.shape
+    half_sq = 0.5 * (a * a).sum(-1, keepdim=True)                  # (B, H, n, 1)
+    one, zero = torch.ones_like(half_sq), torch.zeros_like(half_sq)
+    q = torch.cat([a, half_sq - log_nu[None, :, None, None], one], dim=-1)   # (B, H, n, dh + 2)
+    k = torch.cat([a, zero, -half_sq], dim=-1)                     # (B, H, n, dh + 2)
+    anchor_key = a.new_zeros(B, H, 1, dh + 2)
+    anchor_key[..., dh] = 1.0
+    v = torch.cat([V, zero, zero], dim=-1)                         # (B, H, n, dh + 2)
+    anchor_value = anchor_key                                      # the indicator of column dh
+    keys_valid = torch.cat([valid, valid.new_ones(B, 1)], dim=1)   # (B, n + 1)
+    out = F_nn.scaled_dot_product_attention(
+        q, torch.cat([k, anchor_key], dim=2), torch.cat([v, anchor_value], dim=2),
+        attn_mask=keys_valid[:, None, None, :], scale=1.0)         # (B, H, n, dh + 2)
+    return out[..., :dh] + out[..., dh:dh + 1] * Xh
+
+
 def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1.0,
                             rho: str | Rho = "exp", alpha: float = 1.0,
                             padding_mask: Tensor | None = None,
@@ -134,8 +159,11 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
 
     Per head, with c = Y U_h, x = X U_h and ν = λ s_h²:
     c_i ← (1 − α) c_i + α (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1). Descent for α ∈ (0, 1].
-    For ρ = exp the weight ν d_i / (ν d_i + 1) is a sigmoid of log ν + LSE, so it never
-    overflows. `padding_mask` (B, n) bool, True marks padding.
+    For ρ = exp the update is one softmax over n + 1 keys, the last being the anchor x_i with
+    logit ½‖a_i‖² − log ν: exp(½‖a_i‖² − log ν) / (Σ_j e^{ℓ_ij} + exp(½‖a_i‖² − log ν)) = 1 / (ν d_i + 1)
+    with d_i = Σ_j e^{ℓ_ij − ½‖a_i‖²}. It runs as one fused `scaled_dot_product_attention` call
+    (`_anchored_softmax_average`), so it never overflows and stores no n×n weights.
+    `padding_mask` (B, n) bool, True marks padding.
     """
     valid = check_states(Y, padding_mask)
     if X.shape != Y.shape:
@@ -148,13 +176,8 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
     log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
     if r.is_exp:
-        a = head_features(Y, fac)                                  # (B, H, n, dh)
-        logits = a @ a.transpose(-1, -2) + exp_attention_mask(a, valid)  # (B, H, n, n)
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)        # (B, H, n, 1)
-        avg = torch.softmax(logits, dim=-1) @ V                    # D⁻¹ B c
-        log_deg = lse - 0.5 * (a * a).sum(-1, keepdim=True)        # log d_i
-        w = torch.sigmoid(log_nu[None, :, None, None] + log_deg)   # ν d_i / (ν d_i + 1)
-        target = w * avg + (1 - w) * Xh
+        a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
+        target = _anchored_softmax_average(a, V, Xh, log_nu, valid)
     else:
         beta = pair_weights(Y, fac, r, ~valid)                     # (B, H, n, n)
         nu = log_nu.exp()[None, :, None, None]
@@ -183,6 +206,6 @@ def tied_ffn_step(Y: Tensor, W1: Tensor, b: Tensor, alpha: float = 1.0,
     also E_H(Y) as (B,) float64, from the same hidden layer: (Y⁺, E_H(Y)).
     """
     valid = check_states(Y, padding_mask)
-    hidden = torch.relu(Y @ W1 + b.reshape(1, 1, -1))              # (B, n, m)
-    Y_new = _keep_padding(Y, (1 - alpha) * Y + alpha * hidden @ W1.T, valid)
+    hidden = torch.relu(F_nn.linear(Y, W1.T, b))                   # (B, n, m) = ReLU(Y W1 + 1b)
+    Y_new = _keep_padding(Y, (1 - alpha) * Y + alpha * (hidden @ W1.T), valid)   # α on (B, n, d), not (B, n, m)
     return (Y_new, tied_ffn_energy_from_hidden(Y, hidden, valid)) if return_energy else Y_new
