@@ -24,6 +24,16 @@ MODELS = ("certified-tied", "certified-untied", "paper", "standard")
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer"}
 DATASET_NAMES = {"sst2": "SST-2 dev", "imdb": "IMDB test"}
+TRAIN_LENGTH = {"sst2": 64, "imdb": 256}          # the benchmark's training max_length per dataset
+SPEED = RESULTS / "speed" / "train_speed.json"     # written by benchmarks/train_speed.py --json
+
+
+def load_speed(path: Path) -> dict | None:
+    """{n: {model: median step time}} from the side-by-side training-speed benchmark, if present."""
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    return {int(n): {k: statistics.median(v) for k, v in times.items()} for n, times in raw["step_times_s"].items()}
 
 
 def load_results(folder: Path) -> list[dict]:
@@ -50,21 +60,23 @@ def group(records: list[dict]) -> dict:
     return out
 
 
-def table(by_dataset: dict) -> str:
+def table(by_dataset: dict, speed: dict | None = None) -> str:
     datasets = [d for d in DATASET_NAMES if d in by_dataset]
     head = ["model"]
     for d in datasets:
         head += [f"{DATASET_NAMES[d]} acc (%)", f"{d} acc, safeguard on (%)"]
         if d == "imdb":
             head += ["IMDB test, full length (%)", "full length, safeguard on (%)"]
-        head += [f"{d} tokens/s", f"{d} speed vs standard"]
-    head += ["curve never rises (%)", "curve never rises, safeguard on (%)", "every layer descends (%)",
-             "backtracked layer steps, safeguard on (%)", "safeguard inference cost"]
+        head += [f"{d} tokens/s", f"{d} speed vs standard" + (" (side by side)" if speed else "")]
+    per = " (" + " / ".join(DATASET_NAMES[d].split()[0] for d in datasets) + ")"
+    head += [h + per for h in ("curve never rises (%)", "curve never rises, safeguard on (%)",
+                               "every layer descends (%)", "backtracked layer steps, safeguard on (%)",
+                               "safeguard inference cost")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model in MODELS:
         if not any(model in by_dataset[d] for d in datasets):
             continue
-        lines.append("| " + " | ".join([NAMES[model]] + row(model, by_dataset, datasets)) + " |")
+        lines.append("| " + " | ".join([NAMES[model]] + row(model, by_dataset, datasets, speed)) + " |")
     return "\n".join(lines)
 
 
@@ -76,8 +88,8 @@ def _energy(recs: list[dict], key: str, stat: str) -> list[float]:
     return [r[key][stat] for r in recs if r.get(key) and r[key].get(stat) is not None]
 
 
-def row(model: str, by_dataset: dict, datasets: list[str]) -> list[str]:
-    cells, energy_recs, cost = [], [], []
+def row(model: str, by_dataset: dict, datasets: list[str], side_by_side: dict | None = None) -> list[str]:
+    cells, per_dataset = [], []
     na = lambda values, **kw: mean_std(values, **kw) if values else "n/a"
     for d in datasets:
         recs = by_dataset[d].get(model, [])
@@ -88,14 +100,19 @@ def row(model: str, by_dataset: dict, datasets: list[str]) -> list[str]:
         speed = [r["tokens_per_s"] for r in recs]
         base = [r["tokens_per_s"] for r in by_dataset[d].get("standard", [])]
         cells.append(f"{statistics.mean(speed):,.0f}" if speed else "–")
-        cells.append(f"{statistics.mean(speed) / statistics.mean(base):.2f}×" if speed and base else "–")
-        energy_recs += recs
-        cost += _values(recs, "safeguard_slowdown")
-    cells += [na(_energy(energy_recs, "energy", "monotone_share")),
-              na(_energy(energy_recs, "energy_safeguard", "monotone_share")),
-              na(_energy(energy_recs, "energy", "layer_descent_share")),
-              na(_energy(energy_recs, "energy_safeguard", "backtracked_layer_share")),
-              f"{statistics.mean(cost):.1f}×" if cost else "n/a"]
+        side = (side_by_side or {}).get(TRAIN_LENGTH[d])
+        if side:
+            cells.append(f"{side['standard'] / side[model]:.2f}×")
+        else:
+            cells.append(f"{statistics.mean(speed) / statistics.mean(base):.2f}×" if speed and base else "–")
+        per_dataset.append(recs)
+    joined = lambda cell: " / ".join(cell(recs) for recs in per_dataset)   # one value per dataset
+    cells += [joined(lambda r: na(_energy(r, "energy", "monotone_share"))),
+              joined(lambda r: na(_energy(r, "energy_safeguard", "monotone_share"))),
+              joined(lambda r: na(_energy(r, "energy", "layer_descent_share"))),
+              joined(lambda r: na(_energy(r, "energy_safeguard", "backtracked_layer_share"))),
+              joined(lambda r: f"{statistics.mean(_values(r, 'safeguard_slowdown')):.1f}×"
+                     if _values(r, "safeguard_slowdown") else "n/a")]
     return cells
 
 
@@ -119,18 +136,22 @@ def subset_notes(records: list[dict]) -> list[str]:
     return sorted(notes)
 
 
-def render(records: list[dict]) -> str:
+def render(records: list[dict], speed: dict | None = None) -> str:
     if not records:
         return "_No benchmark results yet (run `python benchmarks/accuracy.py`)._\n"
     parts = []
     for budget, by_dataset in sorted(group(records).items(), key=lambda kv: kv[0] != "full"):
         title = "Full budget (SST-2: 3 epochs, max length 64; IMDB: 2 epochs, max length 256)" \
             if budget == "full" else budget.capitalize()
-        parts += [f"**{title}**", "", table(by_dataset), ""]
+        parts += [f"**{title}**", "", table(by_dataset, speed if budget == "full" else None), ""]
     parts.append("Accuracy of the final weights, mean ± sample std over seeds (number of seeds). Width 128, "
                  "depth 6, 4 heads, FFN width 512, frozen MiniLM word-piece table + one trainable linear map, "
-                 "same optimiser and token budget for all models. \"speed vs standard\": training tokens/s "
-                 "relative to the standard Transformer. \"every layer descends\": share of evaluation samples for "
+                 "same optimiser and token budget for all models. \"tokens/s\": training throughput of the run "
+                 "itself, which shared the 2 cores with other runs for most of its time, so these rates mix machine "
+                 "load into model cost. \"speed vs standard (side by side)\": the standard Transformer's median "
+                 "training-step time / the model's, measured by `benchmarks/train_speed.py` with all four models "
+                 "stepping in turn in one process at the training length (B = 32); in the reduced tables, "
+                 "\"speed vs standard\" is the ratio of the runs' tokens/s. \"every layer descends\": share of evaluation samples for "
                  "which each layer lowers its own energy, E_ℓ(Y⁽ℓ⁾) ≤ E_ℓ(Y⁽ℓ⁻¹⁾); \"curve never rises\": share "
                  "whose curve E(Y⁰) ≥ … ≥ E(Yᵀ) holds — one energy for tied models, for untied ones the curve "
                  "mixes the layers' different energies. Both allow float32 round-off (1e-6 relative). All models "
@@ -140,7 +161,7 @@ def render(records: list[dict]) -> str:
                  "descent by construction, THEORY §3.5; for the paper preset too, whose default is off). "
                  "\"backtracked layer steps\": share of (sample, layer) steps the safeguard shortened or skipped. "
                  "\"safeguard inference cost\": evaluation time with the safeguard on / plain inference "
-                 "(same examples, one thread). Energy statistics at the training length, pooled over datasets.")
+                 "(same examples, one thread). Energy statistics at the training length, one value per dataset.")
     parts += subset_notes(records)
     parts.append(f"Machine: {machines(records)}.")
     return "\n".join(parts) + "\n"
@@ -155,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", help="write the markdown here (default: stdout)")
     p.add_argument("--readme", help="replace the block between the accuracy markers of this README")
     args = p.parse_args(argv)
-    text = render(load_results(Path(args.results)))
+    text = render(load_results(Path(args.results)), load_speed(Path(args.results) / "speed" / "train_speed.json"))
     if args.readme:
         readme = Path(args.readme).read_text(encoding="utf-8")
         head, rest = readme.split(BEGIN, 1)

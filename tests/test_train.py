@@ -94,6 +94,7 @@ def test_yaml_file_values_are_coerced(tmp_path):
     (["--model.alpha_attention", "1.5"], "outside the certified range"),
     (["--model.kind", "standard", "--model.rho", "log"], "does not apply to model.kind 'standard'"),
     (["--data.eval_split", "test"], "not a labelled split of sst2"),
+    (["--run.eval_examples", "0"], "run.eval_examples must be >= 1"),
     (["--data.embeddings", "glove:/nonexistent/vectors.txt"], "word-vector file"),
 ])
 def test_bad_configs_fail_before_training(sst2_dir, tmp_path, args, message):
@@ -221,6 +222,19 @@ def test_evaluate_reproduces_saved_accuracy(trained_run, capsys):
     assert cli.main(["evaluate", str(out), "--no-energies", "--safeguard", "off"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["energy"] is None and printed["safeguard"] is False
+
+
+def test_in_training_eval_subset_matches_evaluate(sst2_dir, tmp_path):
+    """`run.eval_examples` evaluates during training on the same fixed subset that
+    `evaluate_checkpoint(max_examples=...)` uses, so the two accuracies agree exactly."""
+    cfg = tiny_config(sst2_dir, tmp_path / "sub", "--data.max_train_examples", "64", "--run.eval_examples", "30")
+    summary = train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "sub" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["eval_n"] == 30 for r in rows)
+    res = evaluate_checkpoint(tmp_path / "sub" / "last.safetensors", max_examples=30, energies=False)
+    assert res["n"] == 30 and res["accuracy"] == summary["final"]["eval_accuracy"]
+    full = evaluate_checkpoint(tmp_path / "sub" / "last.safetensors", energies=False)
+    assert full["n"] == 100
 
 
 def test_standard_model_has_no_energy_stats(sst2_dir, tmp_path):
