@@ -73,12 +73,16 @@ MODEL = {"d_model": 128, "depth": 6, "n_heads": 4, "ffn_hidden": 512}
 OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "grad_clip": 1.0}
 
 
+def model_section(kind: str) -> dict:
+    """The benchmark's `model` config section for `kind` (the paper's F1 FFN has no hidden width)."""
+    return {"kind": kind, **{k: v for k, v in MODEL.items() if not (kind == "paper" and k == "ffn_hidden")}}
+
+
 def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
     """The benchmark's TrainConfig for one cell (with the reduced-budget overrides, if any)."""
     setting = DATASETS[dataset]
-    overrides = {k: v for k, v in MODEL.items() if not (model == "paper" and k == "ffn_hidden")}
     cfg = TrainConfig.from_dict({
-        "model": {"kind": model, **overrides},
+        "model": model_section(model),
         "data": {"dataset": dataset, "data_dir": args.data_dir, "max_length": setting["max_length"],
                  "embeddings": "minilm", "max_train_examples": args.max_train_examples,
                  "max_eval_examples": args.max_eval_examples},

@@ -24,8 +24,6 @@ MODELS = ("certified-tied", "certified-untied", "paper", "standard")
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer"}
 DATASET_NAMES = {"sst2": "SST-2 dev", "imdb": "IMDB test"}
-TRAIN_LENGTH = {"sst2": 64, "imdb": 256}          # the benchmark's training max_length per dataset
-SPEED = RESULTS / "speed" / "train_speed.json"     # written by benchmarks/train_speed.py --json
 
 
 def load_speed(path: Path) -> dict | None:
@@ -100,7 +98,8 @@ def row(model: str, by_dataset: dict, datasets: list[str], side_by_side: dict | 
         speed = [r["tokens_per_s"] for r in recs]
         base = [r["tokens_per_s"] for r in by_dataset[d].get("standard", [])]
         cells.append(f"{statistics.mean(speed):,.0f}" if speed else "–")
-        side = (side_by_side or {}).get(TRAIN_LENGTH[d])
+        length = recs[0]["eval_max_length"] if recs else None      # the training length of the cell
+        side = (side_by_side or {}).get(length)
         if side:
             cells.append(f"{side['standard'] / side[model]:.2f}×")
         else:
@@ -176,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", help="write the markdown here (default: stdout)")
     p.add_argument("--readme", help="replace the block between the accuracy markers of this README")
     args = p.parse_args(argv)
+    # written by `benchmarks/train_speed.py --json benchmarks/results/speed/train_speed.json`
     text = render(load_results(Path(args.results)), load_speed(Path(args.results) / "speed" / "train_speed.json"))
     if args.readme:
         readme = Path(args.readme).read_text(encoding="utf-8")

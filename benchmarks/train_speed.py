@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from accuracy import MODEL, OPTIM, model_section        # the accuracy benchmark's settings (same folder)
 from unfoldformer.train import KINDS, TrainConfig, environment
 from unfoldformer.train.build import build_classifier, make_optimizer
 
-MODEL = {"d_model": 128, "depth": 6, "n_heads": 4, "ffn_hidden": 512}   # as in benchmarks/accuracy.py
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset", "standard": "standard pre-LN Transformer"}
 
@@ -42,9 +42,8 @@ class _Table:
 
 def training_step(kind: str, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], table: _Table):
     """A closure running one AdamW training step of the benchmark model `kind` on `batch`."""
-    overrides = {k: v for k, v in MODEL.items() if not (kind == "paper" and k == "ffn_hidden")}
-    cfg = TrainConfig.from_dict({"model": {"kind": kind, **overrides}, "data": {"dataset": "imdb"},
-                                 "optim": {"lr": 1e-3, "weight_decay": 0.01}})
+    cfg = TrainConfig.from_dict({"model": model_section(kind), "data": {"dataset": "imdb"},
+                                 "optim": {k: OPTIM[k] for k in ("lr", "weight_decay")}})
     torch.manual_seed(0)
     model = build_classifier(cfg, table)
     optimizer = make_optimizer(model, cfg)

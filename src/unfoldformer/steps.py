@@ -171,7 +171,7 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     if lam <= 0:
         raise ValueError(f"anchor weight lam must be > 0, got {lam}")
     H, d = scales.shape[0], Y.shape[-1]
-    fac = isotropic_factors(scales.to(Y.dtype), d, subspaces)     # (H, dh, d)
+    subspaces = check_subspaces(subspaces, H, d)
     r = get_rho(rho)
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
     log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
@@ -179,6 +179,7 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
         target = _anchored_softmax_average(a, V, Xh, log_nu, valid)
     else:
+        fac = isotropic_factors(scales.to(Y.dtype), d, subspaces)  # (H, dh, d)
         beta = pair_weights(Y, fac, r, ~valid)                     # (B, H, n, n)
         nu = log_nu.exp()[None, :, None, None]
         target = (nu * (beta @ V) + Xh) / (nu * beta.sum(-1, keepdim=True) + 1)
