@@ -13,23 +13,22 @@ AdamW (lr 1e-3, weight decay 0.01 on matrices), 10 % linear warm-up then cosine 
 gradient clipping 1.0; the same token budget: SST-2 3 epochs at max length 64 (evaluated on dev),
 IMDB 2 epochs at max length 256 (evaluated on test at 256 and at full length).
 
-Reported accuracy is that of the *final* weights (no model selection on the evaluation split).
-Every model is trained with the backtracking safeguard off (it only acts in eval mode), so
+Reported accuracy is that of the *final* weights (no model selection on the evaluation split). Every
+model is trained with the backtracking safeguard off (a run-time option of the forward), so
 `accuracy` is the trained function: the final weights evaluated with the safeguard **off**.
-Switching the safeguard on (whole-layer descent by construction, THEORY §3.5) changes the
-function, so it is recorded separately: `accuracy_safeguard` is the same weights with the
-safeguard **on** (the preset's settings, e.g. at most `safeguard_halvings` halvings; for every
-unfolded model, also the paper preset, whose own default is off; `safeguard_preset` records the
-default). The energy statistics (curve-monotone share, layer-descent share, share of backtracked
-layer steps, mean curve) are recorded for both: `energy` (off) and `energy_safeguard` (on); the
-standard Transformer has neither. IMDB adds `accuracy_full_length[_safeguard]` and
-`energy_full_length[_safeguard]`. `eval_pass_time_s` times each evaluation pass (`plain`: no energies,
-safeguard off = ordinary inference) and `safeguard_slowdown` = safeguard-on pass / plain pass on the
-same examples.
-The in-training evaluation (`best_accuracy`, `in_training_accuracy`, and the choice of
-`best.safetensors`) uses the preset's eval-mode behaviour, i.e. the safeguard *on* for the
-certified presets (`in_training_eval_safeguard`); it is kept for reference and checked against
-the matching pass (`in_training_check`).
+Switching the safeguard on (whole-layer descent by construction, THEORY §3.5) changes the function,
+so it is recorded separately: `accuracy_safeguard` is the same weights with the safeguard **on**
+(`safeguard=True`, at most 8 halvings per layer step; for every unfolded model; `safeguard_preset`
+records the in-training setting). The energy statistics (curve-monotone share, layer-descent share,
+share of backtracked layer steps, mean curve) are recorded for both: `energy` (off) and
+`energy_safeguard` (on); the standard Transformer has neither. IMDB adds
+`accuracy_full_length[_safeguard]` and `energy_full_length[_safeguard]`. `eval_pass_time_s` times
+each evaluation pass (`plain`: no energies, safeguard off = ordinary inference) and
+`safeguard_slowdown` = safeguard-on pass / plain pass on the same examples. The in-training
+evaluation (`best_accuracy`, `in_training_accuracy`, and the choice of `best.safetensors`) runs
+without the safeguard (`in_training_eval_safeguard`; result files written before version 0.2.0 ran
+it with the certified presets' safeguard on); it is kept for reference and checked against the
+matching pass (`in_training_check`).
 
 IMDB's test split has 25,000 reviews (mean 295 tokens, some over 2,500), and on 2 cores the
 safeguard and full-length passes over all of it would take hours per model. So (`DATASETS[...]
@@ -56,7 +55,8 @@ from pathlib import Path
 import torch
 
 from unfoldformer.data.files import cache_dir
-from unfoldformer.train import KINDS, TrainConfig, atomic_write_bytes, environment, evaluate_checkpoint, train
+from unfoldformer.train import KINDS, TrainConfig, evaluate_checkpoint, train
+from unfoldformer.utils import atomic_write_bytes, environment
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"   # the project's data folder
@@ -152,9 +152,9 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
 
 
 def preset_safeguard(cfg: TrainConfig) -> bool | None:
-    """The preset's safeguard default (None: the standard Transformer has none)."""
-    mcfg = cfg.model_config()
-    return None if isinstance(mcfg, dict) else bool(mcfg.safeguard)
+    """The safeguard of the in-training evaluation: off for unfolded models (it is a run-time option,
+    off unless asked for); None for the standard Transformer, which has none."""
+    return None if cfg.model.kind == "standard" else False
 
 
 def _limit(a: int | None, b: int | None) -> int | None:

@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from accuracy import MODEL, OPTIM, model_section        # the accuracy benchmark's settings (same folder)
-from unfoldformer.train import KINDS, TrainConfig, environment
+from accuracy import MODEL, OPTIM, model_section  # the accuracy benchmark's settings (same folder)
+from unfoldformer.train import KINDS, TrainConfig
 from unfoldformer.train.build import build_classifier, make_optimizer
+from unfoldformer.utils import environment
 
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset", "standard": "standard pre-LN Transformer"}

@@ -1,18 +1,130 @@
-"""Shared pytest fixtures."""
+"""Shared fixtures and helpers (imported by test modules as `from conftest import ...`).
+
+Tolerance policy (docs/theory.md, "Tolerances"): a comparison's tolerance follows from the dtype's
+round-off and the scale of the quantity, never a bare constant on a float32-derived value:
+
+- two computations of one quantity in `dtype`: |a − b| ≤ `close_tol(dtype, scale)` =
+  64 · eps(dtype) · scale, scale = the magnitude of the quantity's inputs (64 units of round-off
+  cover the accumulation of the few dozen operations behind each entry; ill-conditioned quantities
+  multiply `scale` by their condition number, and say so);
+- "does not rise": after ≤ before + descent_tolerance(dtype) · (1 + |before|), the library's own
+  rule (`unfoldformer.descent`);
+- exact constants (1e-12 …) only where every input and every operation is float64.
+
+Hypothesis profiles: `ci` (the case counts the README states: ≥ 1,000 per theorem) when the CI
+variable is set or HYPOTHESIS_PROFILE=ci; `dev` (a tenth, at least 25) otherwise, for quick local
+runs. Tests take their counts from `examples(n)`.
+"""
 
 from __future__ import annotations
 
 import os
+import random
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import settings
+
+from unfoldformer.config import ModelConfig
+from unfoldformer.descent import descent_tolerance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+D64 = torch.float64
 
 # Tests never reach a model hub and never open a window.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+settings.register_profile("ci", max_examples=1000, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=100, deadline=None, derandomize=True)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+settings.load_profile(PROFILE)
+
+
+def examples(n: int) -> settings:
+    """Hypothesis settings with n cases under the `ci` profile, n/10 (at least 25) under `dev`."""
+    return settings(max_examples=n if PROFILE == "ci" else max(25, n // 10))
+
+
+# ----------------------------------------------------------------------------- tolerances
+def close_tol(dtype: torch.dtype, scale: float = 1.0) -> float:
+    """Absolute tolerance for two computations of one quantity of magnitude `scale` in `dtype`."""
+    return 64 * torch.finfo(dtype).eps * max(float(scale), 1e-300)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, scale: float | None = None) -> None:
+    """|actual − expected| ≤ close_tol(dtype, scale); scale defaults to max |expected| (at least 1)."""
+    dtype = actual.dtype if actual.dtype.itemsize <= expected.dtype.itemsize else expected.dtype
+    scale = max(1.0, float(expected.abs().max())) if scale is None else scale
+    err = float((actual.to(D64) - expected.to(D64)).abs().max()) if actual.numel() else 0.0
+    tol = close_tol(dtype, scale)
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g} ({dtype}, scale {scale:.3g})"
+
+
+def rises(before: torch.Tensor, after: torch.Tensor, dtype: torch.dtype = D64) -> torch.Tensor:
+    """Where `after` exceeds `before` beyond the round-off allowance of states stored in `dtype`."""
+    return after > before + descent_tolerance(dtype) * (1.0 + before.abs())
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Build modules with parameters created (and initialised) in `dtype`."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+# ----------------------------------------------------------------------------- small models and inputs
+def small_config(preset: str, **overrides) -> ModelConfig:
+    """A tiny resolved config of `preset` (d = 8, depth 4) for fast model tests."""
+    base = dict(d_model=8, n_heads=2 if preset in ("certified", "standard") else 1, depth=4)
+    if preset in ("certified", "standard"):
+        base["ffn_hidden"] = 16
+    return ModelConfig.preset(preset, **{**base, **overrides})
+
+
+def random_inputs(seed: int = 0, B: int = 3, n: int = 7, d: int = 8, scale: float = 1.0, dtype=D64):
+    """(x (B, n, d), padding_mask (B, n)) with the second sample padded from token 5 on."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, n, d, generator=g, dtype=dtype) * scale
+    pad = torch.zeros(B, n, dtype=torch.bool)
+    pad[1 % B, 5:] = True
+    return x, pad
+
+
+# ----------------------------------------------------------------------------- data
+POS, NEG = "good great superb lovely fine".split(), "bad awful poor dull boring".split()
+FILL = "the a movie film plot was is and it quite".split()
+
+
+def synthetic_sentences(n: int, rng: random.Random) -> str:
+    """An SST-2 style tsv (header sentence<TAB>label) of n sentences with sentiment words."""
+    rows = ["sentence\tlabel"]
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        words = [rng.choice(FILL) for _ in range(rng.randint(2, 12))]
+        for _ in range(rng.randint(1, 2)):
+            words.insert(rng.randint(0, len(words)), rng.choice(POS if label else NEG))
+        rows.append(" ".join(words) + " \t" + str(label))
+    return "\n".join(rows) + "\n"
+
+
+@pytest.fixture(scope="session")
+def sst2_dir(tmp_path_factory) -> Path:
+    """A synthetic SST-2 folder (GLUE tsv format): 400 train, 100 dev sentences with sentiment words."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "SST-2").mkdir()
+    rng = random.Random(0)
+    (root / "SST-2" / "train.tsv").write_text(synthetic_sentences(400, rng))
+    (root / "SST-2" / "dev.tsv").write_text(synthetic_sentences(100, rng))
+    return root
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +138,9 @@ def data_dir() -> Path:
     if not folder.is_dir():
         pytest.skip(f"data folder {folder} not found (set UNFOLDFORMER_DATA)")
     return folder
+
+
+#: Settings of a tiny training run (random 16-d embeddings from the data, 2 layers).
+TINY_TRAIN = ["--data.embeddings", "random", "--data.embedding_dim", "16", "--model.d_model", "16",
+              "--model.n_heads", "2", "--model.depth", "2", "--optim.batch_size", "16", "--optim.lr", "3e-3",
+              "--run.threads", "1", "--run.progress", "false"]

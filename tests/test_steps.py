@@ -2,19 +2,14 @@
 path, and the counterexamples of §3.6 (which must produce increases at a measured rate)."""
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import D64, assert_close, examples, rises
 from unfoldformer import energy as E
 from unfoldformer import steps as S
 
-D64 = torch.float64
-MANY = settings(max_examples=1000, deadline=None, derandomize=True)
-
-
-def rises(before, after, rtol=1e-10):
-    """Increase beyond float64 round-off of the energy's magnitude."""
-    return after > before + rtol * (1.0 + before.abs())
+MANY = examples(1000)
 
 
 @st.composite
@@ -92,7 +87,7 @@ def test_anchored_attention_descends(c, rho, alpha, lam, log_s):
     assert not rises(energy(c["Y"]), after).any()
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@examples(300)
 @given(c=cases(multihead=True), lam=st.floats(1e-3, 1e3), log_s=st.floats(-1, 0.5), alpha=st.floats(0.1, 1.0))
 def test_anchored_exp_path_equals_pair_weight_formula(c, lam, log_s, alpha):
     """The exp path (anchor as an extra softmax key) equals the plain formula
@@ -104,7 +99,7 @@ def test_anchored_exp_path_equals_pair_weight_formula(c, lam, log_s, alpha):
     plain_exp = custom_rho(lambda z: -torch.exp(-z), lambda z: torch.exp(-z), name="exp-explicit")  # general branch
     fast = S.anchored_attention_step(Y, X, scales, lam, "exp", alpha, c["pad"])
     ref = S.anchored_attention_step(Y, X, scales, lam, plain_exp, alpha, c["pad"])
-    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-12)
+    assert_close(fast, ref, scale=max(1.0, float(X.abs().max())))
 
 
 # ----------------------------------------------------------------------------- FFN steps
@@ -125,7 +120,7 @@ def test_symmetric_ffn_descends_inside_the_spectrum_bound(c, eta, relu, radius):
     assert not rises(before, after).any()
 
 
-@settings(max_examples=1500, deadline=None, derandomize=True)
+@examples(1500)
 @given(c=cases(), alpha=st.floats(1e-6, 1.999), m=st.integers(1, 12), log_w=st.floats(-2, 2))
 def test_tied_ffn_descends_for_any_weights(c, alpha, m, log_w):
     d = c["Y"].shape[-1]
@@ -164,8 +159,8 @@ def test_exp_step_is_softmax_with_key_norm_bias():
     assert torch.allclose(S.attention_step(Y, F, "exp", 1.0, use_sdpa=True), soft @ Y)
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (D64, 1e-12)])
-def test_sdpa_path_equals_naive_path(dtype, tol):
+@pytest.mark.parametrize("dtype", [torch.float32, D64])
+def test_sdpa_path_equals_naive_path(dtype):
     g = torch.Generator().manual_seed(2)
     Y = torch.randn(3, 9, 8, generator=g).to(dtype)
     pad = torch.rand(3, 9, generator=g) < 0.3
@@ -173,7 +168,7 @@ def test_sdpa_path_equals_naive_path(dtype, tol):
     F = confined_factors(2, 4, 3, g).to(dtype) * 0.7
     fast = S.attention_step(Y, F, "exp", 0.8, pad, use_sdpa=True)
     slow = S.attention_step(Y, F, "exp", 0.8, pad, use_sdpa=False)
-    assert (fast - slow).abs().max() <= tol * max(1.0, Y.abs().max().item())
+    assert_close(fast, slow, scale=max(1.0, Y.abs().max().item()))
 
 
 def test_padding_changes_nothing_for_real_tokens():
@@ -208,10 +203,6 @@ def test_subspaces_are_validated():
 TRIALS = 300
 
 
-def rise_rate(trial) -> float:
-    return sum(bool(trial(seed)) for seed in range(TRIALS)) / TRIALS
-
-
 def _state(seed, n=6, d=4, scale=1.5):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(1, n, d, generator=g, dtype=D64) * scale, g
@@ -224,79 +215,78 @@ def _exp_energy_metric(Y, M):
     return -0.5 * (torch.exp(-z).sum(dim=(1, 2)) - Y.shape[1])
 
 
-def test_counterexample_indefinite_metric():
-    def trial(seed):
-        Y, g = _state(seed, scale=0.8)
-        Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=D64))
-        M = (Q * torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=D64)) @ Q.T
-        z = 0.5 * torch.einsum("bijd,de,bije->bij", Y[:, :, None] - Y[:, None], M, Y[:, :, None] - Y[:, None])
-        beta = torch.exp(-z)
-        Y1 = beta @ Y / beta.sum(-1, keepdim=True)
-        return rises(_exp_energy_metric(Y, M), _exp_energy_metric(Y1, M)).any()
-    rate = rise_rate(trial)
-    print(f"indefinite metric: energy rises in {rate:.1%} of {TRIALS} trials")
-    assert rate > 0
+def _indefinite_metric(seed):
+    Y, g = _state(seed, scale=0.8)
+    Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=D64))
+    M = (Q * torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=D64)) @ Q.T
+    diff = Y[:, :, None] - Y[:, None]
+    beta = torch.exp(-0.5 * torch.einsum("bijd,de,bije->bij", diff, M, diff))
+    Y1 = beta @ Y / beta.sum(-1, keepdim=True)
+    return rises(_exp_energy_metric(Y, M), _exp_energy_metric(Y1, M)).any()
 
 
-def test_counterexample_dropping_the_key_norm_bias():
-    def trial(seed):
-        Y, g = _state(seed)
-        Y = Y * torch.rand(1, 6, 1, generator=g, dtype=D64) * 2  # unequal norms
-        F = torch.eye(4, dtype=D64)
-        Y1 = torch.softmax(Y @ Y.transpose(1, 2), dim=-1) @ Y          # plain softmax, no bias
-        return rises(E.attention_energy(Y, F), E.attention_energy(Y1, F)).any()
-    rate = rise_rate(trial)
-    print(f"no key-norm bias: energy rises in {rate:.1%} of {TRIALS} trials")
-    assert rate > 0
+def _no_key_norm_bias(seed):
+    Y, g = _state(seed)
+    Y = Y * torch.rand(1, 6, 1, generator=g, dtype=D64) * 2             # unequal norms
+    F = torch.eye(4, dtype=D64)
+    Y1 = torch.softmax(Y @ Y.transpose(1, 2), dim=-1) @ Y              # plain softmax, no bias
+    return rises(E.attention_energy(Y, F), E.attention_energy(Y1, F)).any()
 
 
-def test_counterexample_ffn_eigenvalue_below_minus_one():
-    def trial(seed):
-        Y, g = _state(seed)
-        Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=D64))
-        W_F = (Q * torch.tensor([-1.5, 0.2, 0.5, -0.3], dtype=D64)) @ Q.T
-        b = torch.randn(4, generator=g, dtype=D64)
-        Y1 = S.symmetric_ffn_step(Y, W_F, b, 1.0, relu=False)
-        return rises(E.symmetric_ffn_energy(Y, W_F, b), E.symmetric_ffn_energy(Y1, W_F, b)).any()
-    rate = rise_rate(trial)
-    print(f"W_F eigenvalue -1.5: energy rises in {rate:.1%} of {TRIALS} trials")
-    assert rate > 0
+def _ffn_eigenvalue_below_minus_one(seed):
+    Y, g = _state(seed)
+    Q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=D64))
+    W_F = (Q * torch.tensor([-1.5, 0.2, 0.5, -0.3], dtype=D64)) @ Q.T
+    b = torch.randn(4, generator=g, dtype=D64)
+    Y1 = S.symmetric_ffn_step(Y, W_F, b, 1.0, relu=False)
+    return rises(E.symmetric_ffn_energy(Y, W_F, b), E.symmetric_ffn_energy(Y1, W_F, b)).any()
 
 
-def test_counterexample_asymmetric_query_key():
+def _asymmetric_query_key(seed):
     """W_Q W_Kᵀ = S + K with K skew: the energy of the PSD part S can rise (rarely)."""
-    def trial(seed):
-        Y, g = _state(seed)
-        A = torch.randn(4, 4, generator=g, dtype=D64) / 2
-        K = torch.randn(4, 4, generator=g, dtype=D64)
-        G = A @ A.T + 2.5 * (K - K.T)                                  # bilinear logit form
-        logits = Y @ G @ Y.transpose(1, 2) - 0.5 * ((Y @ A) ** 2).sum(-1)[:, None, :]
-        Y1 = torch.softmax(logits, dim=-1) @ Y
-        return rises(E.attention_energy(Y, A.T), E.attention_energy(Y1, A.T)).any()
-    rate = rise_rate(trial)
-    print(f"asymmetric W_Q W_K^T: energy rises in {rate:.1%} of {TRIALS} trials")
-    assert rate > 0
+    Y, g = _state(seed)
+    A = torch.randn(4, 4, generator=g, dtype=D64) / 2
+    K = torch.randn(4, 4, generator=g, dtype=D64)
+    G = A @ A.T + 2.5 * (K - K.T)                                      # bilinear logit form
+    logits = Y @ G @ Y.transpose(1, 2) - 0.5 * ((Y @ A) ** 2).sum(-1)[:, None, :]
+    Y1 = torch.softmax(logits, dim=-1) @ Y
+    return rises(E.attention_energy(Y, A.T), E.attention_energy(Y1, A.T)).any()
 
 
-def test_counterexample_norm_regularizer_under_plain_softmax():
+def _norm_regularizer_under_plain_softmax(seed):
     """The paper's E_A + ½‖Y‖² with a plain softmax step (no key-norm bias)."""
-    def trial(seed):
-        Y, g = _state(seed, scale=1.0)
-        F = torch.randn(4, 4, generator=g, dtype=D64) / 2
-        a = Y @ F.T
-        Y1 = torch.softmax(a @ a.transpose(1, 2), dim=-1) @ Y
+    Y, g = _state(seed, scale=1.0)
+    F = torch.randn(4, 4, generator=g, dtype=D64) / 2
+    a = Y @ F.T
+    Y1 = torch.softmax(a @ a.transpose(1, 2), dim=-1) @ Y
 
-        def energy(Z):
-            return E.attention_energy(Z, F) + E.norm_regularizer(Z)
-        return rises(energy(Y), energy(Y1)).any()
-    rate = rise_rate(trial)
-    print(f"½‖Y‖² regulariser under a plain softmax step: energy rises in {rate:.1%} of {TRIALS} trials")
-    assert rate > 0
+    def energy(Z):
+        return E.attention_energy(Z, F) + E.norm_regularizer(Z)
+    return rises(energy(Y), energy(Y1)).any()
 
 
-def test_alpha_beyond_two_breaks_descent_even_for_psd_kernels():
-    def trial(seed):
-        Y, g = _state(seed)
-        F = torch.randn(4, 4, generator=g, dtype=D64)
-        return rises(E.attention_energy(Y, F), E.attention_energy(S.attention_step(Y, F, "exp", 2.6), F)).any()
-    assert rise_rate(trial) > 0
+def _alpha_beyond_two(seed):
+    """α = 2.6 > 2 breaks descent even for a PSD kernel (ρ = exp)."""
+    Y, g = _state(seed)
+    F = torch.randn(4, 4, generator=g, dtype=D64)
+    return rises(E.attention_energy(Y, F), E.attention_energy(S.attention_step(Y, F, "exp", 2.6), F)).any()
+
+
+#: THEORY §3.6, what breaks descent: the share of TRIALS fixed seeds whose energy rises, as measured
+#: (float64, these seeds), and the band the test accepts (about ±50 %, never down to 0).
+COUNTEREXAMPLES = {
+    "indefinite metric": (_indefinite_metric, 0.860, (0.60, 0.98)),
+    "no key-norm bias": (_no_key_norm_bias, 0.177, (0.08, 0.30)),
+    "W_F eigenvalue -1.5": (_ffn_eigenvalue_below_minus_one, 0.477, (0.30, 0.70)),
+    "asymmetric W_Q W_K^T": (_asymmetric_query_key, 0.013, (0.003, 0.05)),
+    "1/2|Y|^2 under a plain softmax": (_norm_regularizer_under_plain_softmax, 0.133, (0.06, 0.25)),
+    "alpha = 2.6 > 2": (_alpha_beyond_two, 0.020, (0.005, 0.06)),
+}
+
+
+@pytest.mark.parametrize("name", list(COUNTEREXAMPLES))
+def test_counterexample_rises_at_its_measured_rate(name):
+    trial, measured, (low, high) = COUNTEREXAMPLES[name]
+    rate = sum(bool(trial(seed)) for seed in range(TRIALS)) / TRIALS
+    print(f"{name}: energy rises in {rate:.1%} of {TRIALS} trials (measured when written: {measured:.1%})")
+    assert low <= rate <= high

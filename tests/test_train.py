@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -16,36 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import TINY_TRAIN as TINY
+from conftest import close_tol
 from unfoldformer import cli
 from unfoldformer.data.batching import BucketBatchSampler, TokenizedDataset, eval_batches, shard
-from unfoldformer.train import (KINDS, CheckpointError, ConfigError, TrainConfig, build_classifier,
-                                evaluate_checkpoint, load_train_state, load_weights, lr_factor, train)
+from unfoldformer.train import KINDS, CheckpointError, ConfigError, TrainConfig, evaluate_checkpoint, train
+from unfoldformer.train.build import build_classifier, lr_factor
+from unfoldformer.train.checkpoint import load_train_state, load_weights
 
 REPO = Path(__file__).resolve().parent.parent
-POS, NEG = "good great superb lovely fine".split(), "bad awful poor dull boring".split()
-FILL = "the a movie film plot was is and it quite".split()
-
-
-def _sentences(n: int, rng: random.Random) -> str:
-    rows = ["sentence\tlabel"]
-    for _ in range(n):
-        label = rng.randint(0, 1)
-        words = [rng.choice(FILL) for _ in range(rng.randint(2, 12))]
-        for _ in range(rng.randint(1, 2)):
-            words.insert(rng.randint(0, len(words)), rng.choice(POS if label else NEG))
-        rows.append(" ".join(words) + " \t" + str(label))
-    return "\n".join(rows) + "\n"
-
-
-@pytest.fixture(scope="module")
-def sst2_dir(tmp_path_factory) -> Path:
-    """A synthetic SST-2 folder (GLUE tsv format): 400 train, 100 dev sentences with sentiment words."""
-    root = tmp_path_factory.mktemp("data")
-    (root / "SST-2").mkdir()
-    rng = random.Random(0)
-    (root / "SST-2" / "train.tsv").write_text(_sentences(400, rng))
-    (root / "SST-2" / "dev.tsv").write_text(_sentences(100, rng))
-    return root
 
 
 @pytest.fixture(autouse=True)
@@ -53,25 +31,18 @@ def _one_thread():
     torch.set_num_threads(1)      # the machine is shared; one thread is fastest for tiny shapes
 
 
-TINY = ["--data.embeddings", "random", "--data.embedding_dim", "16", "--model.d_model", "16",
-        "--model.n_heads", "2", "--model.depth", "2", "--optim.batch_size", "16", "--optim.lr", "3e-3",
-        "--run.threads", "1", "--run.progress", "false"]
-
-
 def tiny_config(data_dir: Path, out_dir: Path, *extra: str) -> TrainConfig:
-    cfg = TrainConfig().apply_overrides(TINY + ["--data.data_dir", str(data_dir), "--run.out_dir", str(out_dir)])
-    cfg.apply_overrides(list(extra))
-    if cfg.model.kind != "paper":
-        cfg.model.overrides["ffn_hidden"] = 32
-    return cfg
+    cfg = TrainConfig().with_overrides(TINY + ["--data.data_dir", str(data_dir), "--run.out_dir", str(out_dir),
+                                               *extra])
+    return cfg if cfg.model.kind == "paper" else cfg.replace(model__ffn_hidden=32)
 
 
 # ----------------------------------------------------------------------------- config
 def test_config_round_trip_json_and_yaml(tmp_path):
-    cfg = TrainConfig().apply_overrides(["--model.kind", "paper", "--model.depth", "12", "--optim.lr=3e-4",
-                                         "--data.max_length", "null", "--run.eval_every", "100",
-                                         "--run.progress", "false", "--model.rho", "log"])
-    assert cfg.model.overrides == {"depth": 12, "rho": "log"}
+    cfg = TrainConfig().with_overrides(["--model.kind", "paper", "--model.depth", "12", "--optim.lr=3e-4",
+                                        "--data.max_length", "null", "--run.eval_every", "100",
+                                        "--run.progress", "false", "--model.rho", "log"])
+    assert (cfg.model.depth, cfg.model.rho, cfg.model.d_model) == (12, "log", None)
     assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.data.max_length is None and cfg.run.eval_every == 100 and cfg.run.progress is False
     for name in ("c.json", "c.yaml"):
@@ -83,7 +54,7 @@ def test_config_round_trip_json_and_yaml(tmp_path):
 def test_yaml_file_values_are_coerced(tmp_path):
     (tmp_path / "c.yaml").write_text("model:\n  kind: standard\n  depth: 3\noptim:\n  lr: 3e-4\n  epochs: 2\n")
     cfg = TrainConfig.load(tmp_path / "c.yaml")
-    assert cfg.optim.lr == 3e-4 and cfg.model_config()["depth"] == 3
+    assert cfg.optim.lr == 3e-4 and cfg.model_config().depth == 3 and cfg.optim.epochs == 2
 
 
 @pytest.mark.parametrize("args, message", [
@@ -92,7 +63,7 @@ def test_yaml_file_values_are_coerced(tmp_path):
     (["--model.depth", "0"], "depth must be >= 1"),
     (["--optim.epochs", "0"], "optim.epochs must be >= 1"),
     (["--model.alpha_attention", "1.5"], "outside the certified range"),
-    (["--model.kind", "standard", "--model.rho", "log"], "does not apply to model.kind 'standard'"),
+    (["--model.kind", "standard", "--model.rho", "log"], "model.rho does not apply to attention 'standard'"),
     (["--data.eval_split", "test"], "not a labelled split of sst2"),
     (["--run.eval_examples", "0"], "run.eval_examples must be >= 1"),
     (["--data.embeddings", "glove:/nonexistent/vectors.txt"], "word-vector file"),
@@ -105,12 +76,16 @@ def test_bad_configs_fail_before_training(sst2_dir, tmp_path, args, message):
 
 
 def test_unknown_keys_and_bad_values():
-    with pytest.raises(ConfigError, match="unknown config key 'optim.learning_rate'"):
-        TrainConfig().apply_overrides(["--optim.learning_rate", "1"])
-    with pytest.raises(ConfigError, match="optim.epochs: expected int"):
-        TrainConfig().apply_overrides(["--optim.epochs", "many"])
+    with pytest.raises(ConfigError, match="optim.learning_rate: Key 'learning_rate' not in 'OptimSection'"):
+        TrainConfig().with_overrides(["--optim.learning_rate", "1"])
+    with pytest.raises(ConfigError, match="optim.epochs: Value 'many'.*could not be converted to Integer"):
+        TrainConfig().with_overrides(["--optim.epochs", "many"])
+    with pytest.raises(ConfigError, match="model.depth: Value '2.5'"):
+        TrainConfig().with_overrides(["--model.depth", "2.5"])
     with pytest.raises(ConfigError, match="set by model.kind"):
-        TrainConfig().apply_overrides(["--model.tied", "false"])
+        TrainConfig().with_overrides(["--model.tied", "false"]).validate(check_data=False)
+    with pytest.raises(ConfigError, match="settings look like --optim.lr"):
+        TrainConfig().with_overrides(["optim.lr", "1"])
 
 
 def test_missing_data_fails_up_front(tmp_path, monkeypatch):
@@ -207,7 +182,7 @@ def test_run_writes_outputs_and_learns(trained_run):
     assert TrainConfig.from_dict(saved).to_dict() == cfg.to_dict()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [25, 50] and len((out / "metrics.csv").read_text().splitlines()) == 3
-    assert summary["best"]["eval_accuracy"] >= 0.7 and rows[-1]["energy_monotone_share"] == 1.0
+    assert summary["best"]["eval_accuracy"] >= 0.7 and "energy_monotone_share" not in rows[-1]   # energies: evaluate
     assert not list(out.glob(".*.tmp"))                            # no temporary files left behind
 
 
@@ -219,7 +194,7 @@ def test_evaluate_reproduces_saved_accuracy(trained_run, capsys):
     assert res["accuracy"] == best["eval_accuracy"] and res["loss"] == pytest.approx(best["eval_loss"], rel=1e-6)
     e = res["energy"]
     assert e["monotone_share"] == 1.0 and e["layer_descent_share"] == 1.0 and len(e["mean_curve"]) == 3
-    assert cli.main(["evaluate", str(out), "--no-energies", "--safeguard", "off"]) == 0
+    assert cli.main(["evaluate", str(out), "--no-energies"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["energy"] is None and printed["safeguard"] is False
 
@@ -268,7 +243,7 @@ def test_truncated_and_foreign_checkpoints_give_clear_errors(trained_run, tmp_pa
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:5000])
-    resumed = TrainConfig.from_dict({**cfg.to_dict(), "run": {**cfg.to_dict()["run"], "out_dir": str(run)}})
+    resumed = cfg.replace(run__out_dir=str(run))
     with pytest.raises(CheckpointError, match="checkpoint.pt: cannot read checkpoint"):
         train(resumed, resume=True)
 
@@ -337,8 +312,13 @@ def test_ddp_two_cpu_processes_match_single_process(sst2_dir, tmp_path):
     a, cfg, _ = load_weights(ddp_out / "last.safetensors")
     b, _, _ = load_weights(tmp_path / "single" / "last.safetensors")
     basis = [k for k in a if "parametrizations" in k]
+    # float32 gradients summed in another order (two ranks) differ by round-off; Adam turns a relative
+    # gradient change δ into an update change of about lr·δ per step, so after `steps` steps the weights
+    # differ by about steps·lr·close_tol(float32) plus their own round-off
+    lr, steps = cfg.optim.lr, summary["steps"]
     for k in a.keys() - set(basis):
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+        bound = steps * lr * close_tol(torch.float32) + close_tol(torch.float32, a[k].abs().max())
+        assert (a[k] - b[k]).abs().max() <= bound, k
     # Rotations inside one head's subspace do not change the model (isotropic heads); their gradients are
     # rounding noise that Adam amplifies, so compare the head projectors U_h U_hᵀ, not the raw parameters.
     emb = type("E", (), {"table": torch.zeros(200, 16), "pad_id": 0})()

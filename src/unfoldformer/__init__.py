@@ -1,10 +1,36 @@
 """unfoldformer: Transformer layers as certified descent steps on an explicit energy.
 
-Implements THEORY.md (Yang, Huang, Wipf, NeurIPS 2022, "Transformers from an
-Optimization Perspective"): energies (``energy``), the ρ family (``rho``), descent
-steps (``steps``), unfolded models (``model``), data (``data``), the paper's
-experiments (``experiments``), training (``train``) and probing of pretrained
-models (``probe``).
+Implements Yang, Huang, Wipf (NeurIPS 2022), "Transformers from an Optimization Perspective"
+(`docs/theory.md` maps each equation to its function and each claim to its test)::
+
+    import unfoldformer as uf
+    model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified", d_model=64))
+    out = model(x, padding_mask, return_energies=True)     # out.energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
+
+The core is at the root: the ρ family (`rho`), energies (`energy`), descent steps (`steps`),
+layers (`layers`), the model and its config (`model`, `config`), descent tolerances
+(`descent`), the baseline (`baselines`), the classifier (`classifier`), the paper's released
+formulas (`released`) and loading a trained classifier (`inference`). Applications are
+sub-packages: `data`, `train`, `paper` (the reproduction), `probe` (pretrained models), and
+the command line `cli`.
 """
 
-__version__ = "0.1.0"
+from .baselines import StandardTransformer
+from .classifier import SequenceClassifier, build_encoder
+from .config import PRESETS, ModelConfig
+from .descent import descent_tolerance
+from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_ffn_energy
+from .errors import ConfigError, UnfoldformerError
+from .inference import Predictor, load
+from .model import EncoderOutput, UnfoldedTransformer
+from .rho import Rho, check_rho, custom_rho, get_rho
+from .steps import anchored_attention_step, attention_step, symmetric_ffn_step, tied_ffn_step
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "ConfigError", "EncoderOutput", "ModelConfig", "PRESETS", "Predictor", "Rho", "SequenceClassifier",
+    "StandardTransformer", "UnfoldedTransformer", "UnfoldformerError", "anchor_energy", "anchored_attention_step",
+    "attention_energy", "attention_step", "build_encoder", "check_rho", "custom_rho", "descent_tolerance",
+    "get_rho", "load", "symmetric_ffn_energy", "symmetric_ffn_step", "tied_ffn_energy", "tied_ffn_step",
+]

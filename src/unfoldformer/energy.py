@@ -80,6 +80,15 @@ def head_features(Y: Tensor, factors: Tensor) -> Tensor:
     return torch.einsum("bnd,hkd->bhnk", Y, factors)
 
 
+def pair_distances(a_rows: Tensor, a: Tensor, sq_rows: Tensor, sq: Tensor) -> Tensor:
+    """z_ij = ½‖a_i − a_j‖² = ½(‖a_i‖² + ‖a_j‖²) − a_i·a_j from Gram matrices, clamped at 0.
+
+    a_rows (..., c, k) the query rows i, a (..., n, k) all rows j, sq_rows (..., c) and sq (..., n) their
+    squared norms -> (..., c, n). Never forms the O(n²·k) pair differences (THEORY §5).
+    """
+    return (0.5 * (sq_rows[..., :, None] + sq[..., None, :]) - a_rows @ a.transpose(-1, -2)).clamp_min(0.0)
+
+
 def _chunk_size(B: int, H: int, n: int, chunk_size: int | None) -> int:
     if chunk_size is not None:
         return max(1, int(chunk_size))
@@ -104,16 +113,16 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     cols = torch.arange(n, device=Y.device)
     for s in range(0, n, step):
         e = min(n, s + step)
-        gram = a[:, :, s:e] @ a.transpose(-1, -2)                  # (B, H, c, n)
         pair = valid[:, None, s:e, None] & valid[:, None, None, :]  # (B, 1, c, n)
         pair = pair & (cols[s:e, None] != cols[None, :])           # mask the diagonal
-        if r.is_exp:
+        if r.softmax:
+            gram = a[:, :, s:e] @ a.transpose(-1, -2)              # (B, H, c, n)
             logits = (gram - 0.5 * sq[:, :, None, :]).masked_fill(~pair, float("-inf"))
             lse = torch.logsumexp(logits, dim=-1)                  # (B, H, c)
             row_sums = torch.exp(lse - 0.5 * sq[:, :, s:e])        # Σ_{j≠i} exp(−z_ij)
             total = total - 0.5 * row_sums.sum(dim=(1, 2))
         else:
-            z = (0.5 * (sq[:, :, s:e, None] + sq[:, :, None, :]) - gram).clamp_min(0.0)
+            z = pair_distances(a[:, :, s:e], a, sq[:, :, s:e], sq)      # (B, H, c, n)
             vals = torch.where(pair, r.value(z), torch.zeros((), dtype=z.dtype, device=z.device))
             total = total + 0.5 * vals.sum(dim=(1, 2, 3))
     return total
@@ -127,7 +136,7 @@ def pair_weights(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     r = get_rho(rho)
     a = head_features(Y, F)                                        # (B, H, n, k)
     sq = (a * a).sum(-1)                                           # (B, H, n)
-    z = (0.5 * (sq[..., :, None] + sq[..., None, :]) - a @ a.transpose(-1, -2)).clamp_min(0.0)
+    z = pair_distances(a, a, sq, sq)                               # (B, H, n, n)
     pair = valid[:, None, :, None] & valid[:, None, None, :]       # (B, 1, n, n)
     return torch.where(pair, r.derivative(z), torch.zeros((), dtype=z.dtype, device=z.device))
 
@@ -155,8 +164,7 @@ def attention_majorizer(Y: Tensor, Y0: Tensor, factors: Tensor, rho: str | Rho =
     def quad(Z: Tensor) -> Tensor:
         a = head_features(Z, F)                                    # (B, H, n, k)
         sq = (a * a).sum(-1)                                       # (B, H, n)
-        z = 0.5 * (sq[..., :, None] + sq[..., None, :]) - a @ a.transpose(-1, -2)
-        return 0.5 * (beta * z).sum(dim=(1, 2, 3))                 # Σ_{i<j} β_ij z_ij
+        return 0.5 * (beta * pair_distances(a, a, sq, sq)).sum(dim=(1, 2, 3))  # Σ_{i<j} β_ij z_ij
 
     return attention_energy(Y0d, F, rho, padding_mask) + quad(Yd) - quad(Y0d)
 
@@ -222,26 +230,3 @@ def tied_ffn_energy_from_hidden(Y: Tensor, hidden: Tensor, valid: Tensor) -> Ten
 def tied_ffn_energy_grad(Y: Tensor, W1: Tensor, b: Tensor) -> Tensor:
     """∇E_H = Y − ReLU(Y W1 + 1b) W1ᵀ: (B, n, d)."""
     return Y - torch.relu(Y @ W1 + b.reshape(1, 1, -1)) @ W1.T
-
-
-def total_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp", *,
-                 padding_mask: Tensor | None = None, X: Tensor | None = None,
-                 anchor_weight: float | None = None, symmetric_ffn: tuple | None = None,
-                 tied_ffn: tuple | None = None, regularizer: bool = False) -> Tensor:
-    """E = E_A + E_F (or E_H) [+ λ⁻¹ E_X] [+ ½‖Y‖²] as (B,) float64 (THEORY §2).
-
-    `symmetric_ffn=(W_F, b)` or `(W_F, b, nonneg)`; `tied_ffn=(W1, b)`; the anchor
-    ½‖Y − X‖² enters with weight 1/`anchor_weight` (λ) when X is given.
-    """
-    energy = attention_energy(Y, factors, rho, padding_mask)
-    if symmetric_ffn is not None:
-        energy = energy + symmetric_ffn_energy(Y, *symmetric_ffn[:2], padding_mask=padding_mask,
-                                               nonneg=bool(symmetric_ffn[2]) if len(symmetric_ffn) > 2 else False)
-    if tied_ffn is not None:
-        energy = energy + tied_ffn_energy(Y, *tied_ffn, padding_mask=padding_mask)
-    if X is not None:
-        lam = 1.0 if anchor_weight is None else float(anchor_weight)
-        energy = energy + anchor_energy(Y, X, padding_mask) / lam
-    if regularizer:
-        energy = energy + norm_regularizer(Y, padding_mask)
-    return energy

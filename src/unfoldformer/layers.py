@@ -12,23 +12,24 @@ energy is their sum:
   during training; energy E_F (smooth part; the indicator ι_{≥0} is left out, since the
   inputs of the first layer are not non-negative).
 - `TiedFFN` (F2): W2 = W1ᵀ; energy E_H.
-- `ReleasedAttention` / `ReleasedFFN`: the formulas of the authors' released code,
-  defects included (§7.1), for the `paper-as-released` preset only.
 
-`padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float
-or a (B, 1, 1) tensor in [0, 1]) multiplies the step size; the safeguard uses it.
+`UnfoldedLayer` runs the two sub-steps; `traced` also returns the energy terms at its input's
+successors (named `EnergyTerms`), which the model's energy curve and safeguard use.
+
+`padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float in
+[0, 1]) multiplies the step size; the safeguard uses it.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from . import energy as E
-from .steps import (anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step,
-                    tied_ffn_step)
+from .steps import anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step, tied_ffn_step
 
 
 def _orthogonal_basis(d: int) -> nn.Linear:
@@ -60,7 +61,7 @@ class AnchoredAttention(nn.Module):
     def factors(self) -> Tensor:
         return isotropic_factors(self.log_scale.exp(), self.d, self.subspaces())  # (H, dh, d)
 
-    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return anchored_attention_step(Y, X, self.log_scale.exp(), self.lam, self.rho,
                                        self.alpha * scale, padding_mask, self.subspaces())
 
@@ -75,17 +76,13 @@ class MetricAttention(nn.Module):
     One head (the `paper` preset): F = A acts on all d coordinates, value = identity.
     """
 
-    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool,
-                 init_std: float | None = None):
+    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool):
         super().__init__()
         self.d, self.H, self.rho, self.alpha = d, n_heads, rho, alpha
         dh = d // n_heads
         self.A = nn.Parameter(torch.empty(n_heads, dh, dh))
-        if init_std is None:
-            for h in range(n_heads):
-                nn.init.xavier_normal_(self.A.data[h])
-        else:
-            nn.init.normal_(self.A, std=init_std)
+        for h in range(n_heads):
+            nn.init.xavier_normal_(self.A.data[h])
         self.basis = _orthogonal_basis(d) if learn_basis else None
 
     def subspaces(self) -> Tensor | None:
@@ -98,7 +95,7 @@ class MetricAttention(nn.Module):
             U = eye.reshape(self.d, self.H, self.d // self.H).permute(1, 0, 2)  # (H, d, dh)
         return self.A @ U.transpose(1, 2)                          # (H, dh, d)
 
-    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return attention_step(Y, self.factors(), self.rho, self.alpha * scale, padding_mask,
                               self.subspaces())
 
@@ -151,14 +148,11 @@ class SymmetricFFN(nn.Module):
         """The free matrix behind W_F."""
         return self.parametrizations.W_F.original
 
-    def weight(self) -> Tensor:
-        return self.W_F
-
-    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
-        return symmetric_ffn_step(Y, self.weight(), self.b, self.eta * scale, self.relu, padding_mask)
+    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
+        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
-        return E.symmetric_ffn_energy(Y, self.weight(), self.b, padding_mask)
+        return E.symmetric_ffn_energy(Y, self.W_F, self.b, padding_mask)
 
 
 class TiedFFN(nn.Module):
@@ -170,10 +164,10 @@ class TiedFFN(nn.Module):
         self.W1 = nn.Parameter(torch.randn(d, hidden) / math.sqrt(hidden))
         self.b = nn.Parameter(torch.zeros(hidden))
 
-    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
+    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask)
 
-    def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> tuple[Tensor, Tensor]:
+    def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
         """The step and E_H at its input from one shared ReLU(Y W1 + 1b)."""
         return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True)
 
@@ -181,60 +175,31 @@ class TiedFFN(nn.Module):
         return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)
 
 
-# ----------------------------------------------------------------------------- as released
-def released_normalize(W_f: Tensor, bound: float = 0.95) -> Tensor:
-    """The released weight normalisation: U·clip(Λ, −b, b)·Uᵀ of W_f W_fᵀ (squares W_f; §7.1)."""
-    evals, evecs = torch.linalg.eigh(W_f @ W_f.T)
-    return (evecs * evals.clamp(-bound, bound)) @ evecs.T
+class EnergyTerms(NamedTuple):
+    """The two terms of a layer's energy at one state, each (B,) float64."""
+
+    attention: Tensor   # attention term (with the anchor λ⁻¹½‖Y − X‖² for anchored attention)
+    ffn: Tensor         # FFN term (0 without an FFN)
+
+    @property
+    def total(self) -> Tensor:
+        return self.attention + self.ffn
+
+    def put(self, rows: Tensor, other: EnergyTerms) -> EnergyTerms:
+        """A copy with `rows` replaced by `other` (which holds only those rows)."""
+        return EnergyTerms(*(mine.index_copy(0, rows, theirs) for mine, theirs in zip(self, other)))
+
+    def take(self, rows: Tensor) -> EnergyTerms:
+        return EnergyTerms(*(t[rows] for t in self))
 
 
-class ReleasedAttention(nn.Module):
-    """Y ← softmax(Y WᵀW Yᵀ) Y, no scaling, no key-norm bias; energy uses W Wᵀ instead (§7.1)."""
+class LayerTrace(NamedTuple):
+    """A layer applied to a batch, with its energy terms: U = attention step at Y, Y⁺ = FFN step at U."""
 
-    def __init__(self, d: int):
-        super().__init__()
-        self.W = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
-
-    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
-        valid = E.check_states(Y, padding_mask)
-        a = Y @ self.W.T                                           # (B, n, d): logits a aᵀ = Y WᵀW Yᵀ
-        logits = (a @ a.transpose(1, 2)).masked_fill(~valid[:, None, :], float("-inf"))  # (B, n, n)
-        new = torch.softmax(logits, dim=-1) @ Y
-        return torch.where(valid[..., None], Y + scale * (new - Y), Y)
-
-    def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
-        """Σ_{i>j} −exp(−½‖(y_i − y_j) W‖²) + ½‖Y W‖²_F (metric W Wᵀ, as released)."""
-        valid = E.check_states(Y, padding_mask)
-        YW = (Y.to(torch.float64) @ self.W.to(torch.float64)) * valid[..., None]
-        return E.attention_energy(Y, self.W.T, "exp", padding_mask) + 0.5 * YW.pow(2).sum(dim=(1, 2))
-
-
-class ReleasedFFN(nn.Module):
-    """Y ← −Y·½(W_f + W_fᵀ) + b [then ReLU]; energy ½tr(Y W_f Yᵀ) + ½‖Y − 1b‖² (§7.1)."""
-
-    def __init__(self, d: int, relu: bool):
-        super().__init__()
-        self.relu = relu
-        self.W_f = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
-        self.b = nn.Parameter(nn.init.xavier_normal_(torch.empty(1, d)))
-        self.normalize_()
-
-    @torch.no_grad()
-    def normalize_(self) -> None:
-        """Apply the released normalisation in place (calling it twice squares again, as released)."""
-        self.W_f.copy_(released_normalize(self.W_f))
-
-    def forward(self, Y: Tensor, padding_mask: Tensor | None, scale=1.0) -> Tensor:
-        valid = E.check_states(Y, padding_mask)
-        new = -Y @ (0.5 * (self.W_f + self.W_f.T)) + self.b       # (B, n, d)
-        new = torch.relu(new) if self.relu else new
-        return torch.where(valid[..., None], Y + scale * (new - Y), Y)
-
-    def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
-        valid = E.check_states(Y, padding_mask)
-        w = valid[..., None].to(torch.float64)
-        Yd, Wf, b = Y.to(torch.float64) * w, self.W_f.to(torch.float64), self.b.to(torch.float64)
-        return 0.5 * ((Yd @ Wf) * Yd).sum(dim=(1, 2)) + 0.5 * ((Yd - b) * w).pow(2).sum(dim=(1, 2))
+    middle: Tensor             # U (B, n, d)
+    output: Tensor             # Y⁺ (B, n, d)
+    at_middle: EnergyTerms     # E_ℓ terms at U
+    at_output: EnergyTerms     # E_ℓ terms at Y⁺
 
 
 class UnfoldedLayer(nn.Module):
@@ -244,25 +209,30 @@ class UnfoldedLayer(nn.Module):
         super().__init__()
         self.attention, self.ffn = attention, ffn
 
-    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale=1.0) -> tuple[Tensor, Tensor]:
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         U = self.attention(Y, X, padding_mask, scale)
-        return U, (self.ffn(U, padding_mask, scale) if self.ffn is not None else U)
+        return self.ffn(U, padding_mask, scale) if self.ffn is not None else U
 
-    def forward_with_ffn_energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None,
-                                scale=1.0) -> tuple[Tensor, Tensor, Tensor]:
-        """(U, Y⁺, FFN energy at U); the tied FFN shares its hidden layer with the energy."""
+    def traced(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> LayerTrace:
+        """The step and the energy terms at U and Y⁺; the tied FFN shares its hidden layer with E_H(U)."""
         U = self.attention(Y, X, padding_mask, scale)
-        if hasattr(self.ffn, "step_and_energy"):
-            return (U, *self.ffn.step_and_energy(U, padding_mask, scale))
-        return U, (self.ffn(U, padding_mask, scale) if self.ffn is not None else U), self.ffn_energy(U, padding_mask)
-
-    def attention_energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
-        return self.attention.energy(Y, X, padding_mask)
+        if isinstance(self.ffn, TiedFFN):
+            Y_new, ffn_u = self.ffn.step_and_energy(U, padding_mask, scale)
+        else:
+            Y_new = self.ffn(U, padding_mask, scale) if self.ffn is not None else U
+            ffn_u = self.ffn_energy(U, padding_mask)
+        at_middle = EnergyTerms(self.attention.energy(U, X, padding_mask), ffn_u)
+        return LayerTrace(U, Y_new, at_middle, self.energy_terms(Y_new, X, padding_mask))
 
     def ffn_energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         if self.ffn is None:
             return torch.zeros(Y.shape[0], dtype=torch.float64, device=Y.device)
         return self.ffn.energy(Y, padding_mask)
 
+    def energy_terms(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> EnergyTerms:
+        """E_ℓ's attention and FFN terms at Y (anchored at X), each (B,) float64."""
+        return EnergyTerms(self.attention.energy(Y, X, padding_mask), self.ffn_energy(Y, padding_mask))
+
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
-        return self.attention_energy(Y, X, padding_mask) + self.ffn_energy(Y, padding_mask)
+        """E_ℓ(Y) as (B,) float64."""
+        return self.energy_terms(Y, X, padding_mask).total

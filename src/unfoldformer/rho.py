@@ -17,8 +17,8 @@ energies need ρ itself. Every member exposes both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -32,21 +32,18 @@ class Rho:
 
     `psd_kernel` records whether [ρ'(½‖a_i − a_j‖²)]_ij is positive semi-definite for
     every point set, which extends the certified attention step size from (0, 1] to
-    (0, 2) (THEORY §3.1, Theorem A).
+    (0, 2) (THEORY §3.1, Theorem A). `softmax` marks ρ'(z) = exp(−z) exactly (only `exp_rho`
+    sets it): steps then run as softmax attention and energies through log-sum-exp.
     """
 
     name: str
     value: RhoFn
     derivative: RhoFn
     psd_kernel: bool = False
-    params: dict = field(default_factory=dict)
+    softmax: bool = False
 
     def __call__(self, z: Tensor) -> Tensor:
         return self.value(z)
-
-    @property
-    def is_exp(self) -> bool:
-        return self.name == "exp"
 
     def certified_alpha_max(self) -> float:
         """Largest attention step α for which Theorem A certifies descent (open at 2)."""
@@ -55,15 +52,14 @@ class Rho:
 
 def exp_rho() -> Rho:
     """ρ(z) = −exp(−z): the Gaussian kernel, giving softmax attention with a key-norm bias."""
-    return Rho("exp", lambda z: -torch.exp(-z), lambda z: torch.exp(-z), psd_kernel=True)
+    return Rho("exp", lambda z: -torch.exp(-z), lambda z: torch.exp(-z), psd_kernel=True, softmax=True)
 
 
 def log_rho(c: float = 2.0) -> Rho:
     """ρ(z) = log(z + c): heavy-tailed (Cauchy / Student-t) attention weights 1/(z + c)."""
     if c <= 0:
         raise ValueError(f"log rho needs c > 0, got c={c}")
-    return Rho("log", lambda z: torch.log(z + c), lambda z: 1.0 / (z + c), psd_kernel=True,
-               params={"c": c})
+    return Rho("log", lambda z: torch.log(z + c), lambda z: 1.0 / (z + c), psd_kernel=True)
 
 
 def linear_rho() -> Rho:
@@ -90,7 +86,7 @@ def lp_rho(p: float = 1.0, tau: float = 1e-3) -> Rho:
     def derivative(z: Tensor) -> Tensor:
         return h * z.clamp_min(tau) ** (h - 1)
 
-    return Rho("lp", value, derivative, psd_kernel=False, params={"p": p, "tau": tau})
+    return Rho("lp", value, derivative, psd_kernel=False)
 
 
 def truncated_rho(tau: float = 1.0) -> Rho:
@@ -98,7 +94,7 @@ def truncated_rho(tau: float = 1.0) -> Rho:
     if tau <= 0:
         raise ValueError(f"truncated rho needs tau > 0, got tau={tau}")
     return Rho("truncated", lambda z: z.clamp(max=tau), lambda z: (z < tau).to(z.dtype),
-               psd_kernel=False, params={"tau": tau})
+               psd_kernel=False)
 
 
 def custom_rho(value: RhoFn, derivative: RhoFn | None = None, name: str = "custom",

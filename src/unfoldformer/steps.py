@@ -89,7 +89,7 @@ def _weighted_average(Y: Tensor, factors: Tensor, r: Rho, valid: Tensor,
     """D⁻¹BV per head and V = head coordinates: both (B, H, n, dh)."""
     H = factors.shape[0]
     V = head_values(Y, H, subspaces)                               # (B, H, n, dh)
-    if r.is_exp and use_sdpa:
+    if r.softmax and use_sdpa:
         a = head_features(Y, factors)                              # (B, H, n, k)
         avg = F_nn.scaled_dot_product_attention(a, a, V, attn_mask=exp_attention_mask(a, valid), scale=1.0)
         return avg, V
@@ -175,7 +175,7 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     r = get_rho(rho)
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
     log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
-    if r.is_exp:
+    if r.softmax:
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
         target = _anchored_softmax_average(a, V, Xh, log_nu, valid)
     else:

@@ -6,12 +6,15 @@ See :mod:`unfoldformer.data.files`, :mod:`unfoldformer.data.datasets` and
 validation, OOV policy).
 """
 
-from .datasets import TextExample, dataset_files, load_dataset, load_imdb, load_sst2
+from .batching import seeded_subset
+from .datasets import DATASET_NAMES, EVAL_SPLITS, TextExample, dataset_files, load_dataset, load_imdb, load_sst2
 from .embeddings import EncodedBatch, StaticEmbeddings, load_embeddings, word_tokenize
 from .files import DataFormatError, DataNotFoundError, find_data_file, sha256_file
 
 __all__ = [
+    "DATASET_NAMES",
     "DataFormatError",
+    "EVAL_SPLITS",
     "DataNotFoundError",
     "EncodedBatch",
     "StaticEmbeddings",
@@ -22,6 +25,7 @@ __all__ = [
     "load_embeddings",
     "load_imdb",
     "load_sst2",
+    "seeded_subset",
     "sha256_file",
     "word_tokenize",
 ]

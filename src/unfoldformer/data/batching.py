@@ -10,24 +10,25 @@
   The order depends only on ``(seed, epoch)``, so ``state_dict()`` = seed, epoch
   and batch index is enough to resume exactly where a run stopped.
 - :func:`shard`: a rank's part of a global batch (strided, so ranks see similar
-  lengths); :func:`eval_batches`: length-sorted batches under a token budget.
+  lengths); :func:`eval_batches`: length-sorted batches under a token budget;
+  :func:`seeded_subset`: the fixed random subset every part of the package draws.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from ..atomic import atomic_write_bytes
+from ..utils import atomic_write_bytes
 from .embeddings import StaticEmbeddings
 
-__all__ = ["BucketBatchSampler", "TokenizedDataset", "eval_batches", "shard", "tokenize_dataset"]
+__all__ = ["BucketBatchSampler", "TokenizedDataset", "eval_batches", "seeded_subset", "shard", "tokenize_dataset"]
 
 _TOKENIZE_CHUNK = 2048
 
@@ -186,3 +187,16 @@ def eval_batches(lengths: np.ndarray, batch_size: int, max_tokens_sq: int = 1 <<
         out.append(order[start:start + size].tolist())
         start += size
     return out
+
+
+def seeded_subset(n: int, k: int | None, seed: int = 0, stream: int = 7919) -> np.ndarray | None:
+    """Sorted indices of a seeded random subset of `k` of `n` items; None when all are kept (k None or ≥ n).
+
+    The subset depends only on (n, k, seed, stream): distinct `stream`s give independent subsets of
+    one collection (e.g. evaluation and training samples of one seed).
+    """
+    if k is None or k >= n:
+        return None
+    if k < 1:
+        raise ValueError(f"a subset needs k >= 1 items, got {k}")
+    return np.sort(np.random.default_rng([seed, stream]).permutation(n)[:k])

@@ -35,13 +35,16 @@ from pathlib import Path
 
 from .files import DataFormatError, find_data_file, sha256_file
 
-__all__ = ["TextExample", "dataset_files", "load_dataset", "load_imdb", "load_sst2"]
+__all__ = ["DATASET_NAMES", "EVAL_SPLITS", "TextExample", "dataset_files", "load_dataset", "load_imdb", "load_sst2"]
 
 SST2_FILE = "SST-2.zip"
 IMDB_FILE = "aclImdb_v1.tar.gz"
 SST2_SPLITS = ("train", "dev", "test")
 IMDB_SPLITS = ("train", "test")
 DATASET_FILES = {"sst2": SST2_FILE, "imdb": IMDB_FILE}
+#: The labelled held-out split of each data set (SST-2 test has no labels).
+EVAL_SPLITS = {"sst2": "dev", "imdb": "test"}
+DATASET_NAMES = {"sst2": "SST-2", "imdb": "IMDB"}
 
 _REVIEW_NAME = re.compile(r"^(\d+)_(\d+)\.txt$")
 _IMDB_FOLDERS = {"pos": 1, "neg": 0, "unsup": None}

@@ -44,10 +44,11 @@ import functools
 import math
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ class EncodedBatch:
     ids: torch.Tensor
     padding_mask: torch.Tensor
 
-    def to(self, device: torch.device | str) -> "EncodedBatch":
+    def to(self, device: torch.device | str) -> EncodedBatch:
         return EncodedBatch(self.ids.to(device), self.padding_mask.to(device))
 
 
@@ -144,7 +145,7 @@ class StaticEmbeddings:
         mask = batch.padding_mask.to(vectors.device).unsqueeze(-1)
         return vectors.masked_fill(mask, 0.0).to(batch.ids.device)
 
-    def to(self, device: torch.device | str) -> "StaticEmbeddings":
+    def to(self, device: torch.device | str) -> StaticEmbeddings:
         """Move the table (in place) and return ``self``."""
         self.table = self.table.to(device)
         return self

@@ -42,6 +42,8 @@ from typing import IO
 
 from tqdm import tqdm
 
+from ..errors import UnfoldformerError
+
 __all__ = [
     "DATA_URLS",
     "EXTRACTED_FOLDERS",
@@ -82,11 +84,11 @@ SST2_MEMBERS = ("SST-2/train.tsv", "SST-2/dev.tsv", "SST-2/test.tsv")
 _CHUNK = 1 << 20
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(UnfoldformerError, FileNotFoundError):
     """A data file is neither present locally nor downloadable."""
 
 
-class DataFormatError(ValueError):
+class DataFormatError(UnfoldformerError, ValueError):
     """A data file exists but its content is not what the reader expects."""
 
 

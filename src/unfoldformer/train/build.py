@@ -9,25 +9,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data.batching import TokenizedDataset, tokenize_dataset
-from ..model import SequenceClassifier, StandardTransformer, UnfoldedTransformer
+from ..classifier import SequenceClassifier, build_encoder
+from ..data.batching import TokenizedDataset, seeded_subset, tokenize_dataset
 from .config import TrainConfig
 
-__all__ = ["build_classifier", "load_embeddings_for", "load_split", "lr_factor", "make_optimizer", "subset_indices",
-           "warmup_steps"]
+__all__ = ["build_classifier", "load_embeddings_for", "load_split", "lr_factor", "make_optimizer", "warmup_steps"]
 
 
 def build_classifier(cfg: TrainConfig, embeddings) -> SequenceClassifier:
     """The classifier of `cfg.model.kind` over `embeddings.table` (V, e): frozen (or trainable)
     table → one linear map e → d_model → encoder → masked mean pooling → linear head."""
     mcfg = cfg.model_config()
-    if cfg.model.kind == "standard":
-        encoder = StandardTransformer(mcfg["d_model"], mcfg["n_heads"], mcfg["depth"], mcfg["ffn_hidden"],
-                                      dropout=mcfg["dropout"])
-        d_model = mcfg["d_model"]
-    else:
-        encoder, d_model = UnfoldedTransformer(mcfg), mcfg.d_model
-    return SequenceClassifier(encoder, embeddings.table, d_model, cfg.model.n_classes,
+    return SequenceClassifier(build_encoder(mcfg), embeddings.table, mcfg.d_model, cfg.model.n_classes,
                               trainable_embeddings=cfg.model.trainable_embeddings, project=True,
                               pad_id=embeddings.pad_id)
 
@@ -45,19 +38,12 @@ def load_embeddings_for(cfg: TrainConfig):
     return load_embeddings(spec, vocab_texts=texts)
 
 
-def subset_indices(n: int, limit: int | None, seed: int = 0) -> np.ndarray | None:
-    """Sorted indices of a seeded random subset of size `limit` (None when all `n` are kept)."""
-    if limit is None or limit >= n:
-        return None
-    return np.sort(np.random.default_rng([seed, 7919]).permutation(n)[:limit])
-
-
 def load_split(cfg: TrainConfig, embeddings, split: str, limit: int | None) -> TokenizedDataset:
     """Tokenised `split` (a fixed seed-0 subset of `limit` examples if given), cached on disk for minilm."""
     from ..data import load_dataset
     from ..data.files import cache_dir
     examples = load_dataset(cfg.data.dataset, split, cfg.data.data_dir)
-    idx = subset_indices(len(examples), limit)
+    idx = seeded_subset(len(examples), limit)
     if idx is not None:
         examples = [examples[i] for i in idx]
     texts, labels = [e.text for e in examples], [e.label for e in examples]

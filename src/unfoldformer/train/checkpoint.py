@@ -5,6 +5,8 @@
   missing, truncated or foreign file raises `CheckpointError` naming it.
 - `save_weights` / `load_weights`: weights as safetensors with the config in its metadata, plus a
   JSON sidecar. A frozen embedding table is not stored; its sha256 is (`table_sha256`).
+- `load_classifier`: a run folder, weights file or checkpoint -> the classifier with its
+  embeddings, ready for inference (the embedding table is rebuilt and checked by sha256).
 - `weights_sha256`, `_check_same_config`: what resuming and DDP runs compare.
 """
 from __future__ import annotations
@@ -13,23 +15,27 @@ import hashlib
 import io
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..errors import UnfoldformerError
+from ..utils import atomic_write_bytes, write_json
 from .config import RESUMABLE_CHANGES, ConfigError, TrainConfig
-from .files import _json_bytes, atomic_write_bytes
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "WEIGHTS_FORMAT", "load_train_state",
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "LoadedClassifier", "WEIGHTS_FORMAT",
+           "load_classifier", "load_train_state",
            "load_weights", "model_state", "restore_model_state", "save_train_state", "save_weights",
            "table_sha256", "weights_sha256"]
 
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "unfoldformer-train-state", 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UnfoldformerError, RuntimeError):
     """A checkpoint file that is missing, truncated, corrupt or not ours (the message names it)."""
 
 
@@ -67,7 +73,7 @@ def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, emb
     info = {"config": cfg.to_dict(), "embedding_sha256": sha, **meta}
     metadata = {"format": WEIGHTS_FORMAT, "info": json.dumps(info)}
     atomic_write_bytes(path, save(model_state(_unwrap(model), cfg), metadata=metadata))
-    atomic_write_bytes(path.with_suffix(".json"), _json_bytes(info))
+    write_json(path.with_suffix(".json"), info)
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig, dict]:
@@ -153,3 +159,40 @@ def weights_sha256(model: nn.Module, cfg: TrainConfig) -> str:
         digest.update(key.encode())
         digest.update(value.numpy().tobytes())
     return digest.hexdigest()
+
+
+@dataclass
+class LoadedClassifier:
+    """A trained classifier ready for inference, with what it was built from."""
+
+    model: nn.Module            # SequenceClassifier, eval mode
+    config: TrainConfig
+    embeddings: Any             # data.StaticEmbeddings: table, tokenizer, pad id
+    path: Path                  # the weights file read
+    info: dict                  # metadata saved with the weights (metrics, embedding sha256)
+
+
+def load_classifier(path: str | Path, data_dir: str | None = None) -> LoadedClassifier:
+    """Load `path` (a run folder: its `best.safetensors`; a `.safetensors` file; a `checkpoint.pt`).
+
+    The embedding table is rebuilt from the saved `data.embeddings` (from `data_dir` or the saved data
+    folder for vocabularies built from data) and must match the sha256 stored with the weights.
+    """
+    from .build import build_classifier, load_embeddings_for
+    path = Path(path)
+    if path.is_dir():
+        path = path / "best.safetensors"
+    state, cfg, info = load_weights(path)
+    if data_dir is not None:
+        cfg = cfg.replace(data__data_dir=str(data_dir))
+    cfg.validate()
+    embeddings = load_embeddings_for(cfg)
+    model = build_classifier(cfg, embeddings)
+    if not cfg.model.trainable_embeddings:
+        sha = table_sha256(model.embedding.weight)
+        if sha != info.get("embedding_sha256"):
+            raise CheckpointError(f"{path}: the rebuilt embedding table ({cfg.data.embeddings}) differs from the "
+                                  f"one the model was trained with (sha256 {sha[:12]} vs "
+                                  f"{str(info.get('embedding_sha256'))[:12]})")
+    restore_model_state(model, state, cfg, str(path))
+    return LoadedClassifier(model.eval(), cfg, embeddings, path, info)

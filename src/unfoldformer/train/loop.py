@@ -22,16 +22,25 @@ import torch
 import torch.nn.functional as F
 
 from ..data.batching import BucketBatchSampler, shard
-from ..model import ModelConfig
+from ..utils import atomic_write_text, environment, write_json
 from .build import _seed_all, build_classifier, load_embeddings_for, load_split, lr_factor, make_optimizer, warmup_steps
-from .checkpoint import (CheckpointError, _check_same_config, _rng_state, _set_rng_state, load_train_state,
-                         model_state, restore_model_state, save_train_state, save_weights, table_sha256,
-                         weights_sha256)
+from .checkpoint import (
+    CheckpointError,
+    _check_same_config,
+    _rng_state,
+    _set_rng_state,
+    load_train_state,
+    model_state,
+    restore_model_state,
+    save_train_state,
+    save_weights,
+    table_sha256,
+    weights_sha256,
+)
 from .config import ConfigError, TrainConfig
-from .evaluate import eval_sums, finalize_eval, in_training_eval_batches
-from .files import _json_bytes, atomic_write_bytes
+from .evaluate import EvalSums, encoder_depth, evaluate, in_training_eval_batches
 
-__all__ = ["DistInfo", "Trainer", "environment", "setup_distributed", "train"]
+__all__ = ["DistInfo", "Trainer", "setup_distributed", "train"]
 
 
 @dataclass
@@ -220,14 +229,14 @@ class Trainer:
     def _record(self) -> None:
         import torch.distributed as dist
         d, st = self.dist, self.state
-        sums = eval_sums(self.model, self.eval_ds, self.my_eval_batches, self.cfg.data.max_length,
-                         self.embeddings.pad_id, d.device, energies=False, progress=d.main and self.cfg.run.progress)
+        sums = evaluate(self.model, self.eval_ds, self.my_eval_batches, self.cfg.data.max_length,
+                        self.embeddings.pad_id, d.device, energies=False, progress=d.main and self.cfg.run.progress)
         acc = torch.tensor([st["loss_sum"], st["loss_count"]], dtype=torch.float64)
-        if d.world > 1:
-            both = torch.cat([sums, acc]).to(d.device)
+        if d.world > 1:                                           # one all_reduce for the eval sums and the loss
+            both = torch.cat([sums.to_tensor(encoder_depth(self.model)), acc]).to(d.device)
             dist.all_reduce(both)
-            sums, acc = both[:-2].cpu(), both[-2:].cpu()
-        res = finalize_eval(sums)
+            sums, acc = EvalSums.from_tensor(both[:-2].cpu()), both[-2:].cpu()
+        res = sums.result()
         rec = {"step": st["step"], "epoch": round(self.sampler.epoch + self.sampler.batch_index / len(self.sampler), 4),
                "train_loss": float(acc[0]) / max(float(acc[1]), 1), "eval_loss": res["loss"],
                "eval_accuracy": res["accuracy"], "eval_n": res["n"], "lr": self.scheduler.get_last_lr()[0],
@@ -251,17 +260,16 @@ class Trainer:
 
     def _write_metrics(self) -> None:
         rows = self.state["metrics"]
-        atomic_write_bytes(self.out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        atomic_write_text(self.out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         columns = list(dict.fromkeys(k for r in rows for k in r))
         text = io.StringIO()
         writer = csv.DictWriter(text, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-        atomic_write_bytes(self.out / "metrics.csv", text.getvalue().encode())
+        atomic_write_text(self.out / "metrics.csv", text.getvalue())
 
     def _write_config(self) -> None:
-        mcfg = self.cfg.model_config()
-        extra = {"model": mcfg.to_dict() if isinstance(mcfg, ModelConfig) else mcfg,
+        extra = {"model": self.cfg.model_config().to_dict(),
                  "parameters": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
                  "embeddings": self.embeddings.describe(), "train_examples": len(self.train_ds),
                  "eval_examples": len(self.eval_ds), "eval_split": self.cfg.eval_split,
@@ -282,7 +290,7 @@ class Trainer:
         if self.dist.main:
             save_weights(self.out / "last.safetensors", self.model, self.cfg, {"metrics": self.state["metrics"][-1]},
                          self.table_sha)
-            atomic_write_bytes(self.out / "summary.json", _json_bytes(self._summary()))
+            write_json(self.out / "summary.json", self._summary())
         return self._summary()
 
     def _summary(self) -> dict:
@@ -295,14 +303,6 @@ class Trainer:
                 "rank_weights_sha256": st.get("rank_weights_sha256"),
                 "ranks_identical": len(set(st.get("rank_weights_sha256") or [None])) == 1,
                 "out_dir": str(self.out)}
-
-
-def environment() -> dict:
-    """Machine and library versions, for reports."""
-    import platform
-    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> dict:

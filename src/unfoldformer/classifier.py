@@ -1,0 +1,55 @@
+"""`SequenceClassifier`: token embeddings → (linear map) → encoder → masked mean pooling → linear head."""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+__all__ = ["SequenceClassifier", "build_encoder", "masked_mean"]
+
+
+def masked_mean(hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """Mean over real tokens: (B, n, d) -> (B, d); `padding_mask` True marks padding."""
+    if padding_mask is None:
+        return hidden.mean(dim=1)
+    w = (~padding_mask).to(hidden.dtype)[..., None]               # (B, n, 1)
+    return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
+
+
+def build_encoder(config: ModelConfig) -> nn.Module:
+    """`UnfoldedTransformer` for the unfolded presets, `StandardTransformer` for `standard`."""
+    from .baselines import StandardTransformer
+    from .model import UnfoldedTransformer
+
+    config = config.resolved()
+    return StandardTransformer(config) if config.attention == "standard" else UnfoldedTransformer(config)
+
+
+class SequenceClassifier(nn.Module):
+    """Token embeddings → (linear map to d_model) → encoder → masked mean pooling → linear head.
+
+    `embedding_table` (V, e) initialises the token embeddings, frozen unless
+    `trainable_embeddings`; a linear map to the encoder width is added when e ≠ d_model
+    (or when `project` is set).
+    """
+
+    def __init__(self, encoder: nn.Module, embedding_table: Tensor, d_model: int, n_classes: int = 2,
+                 trainable_embeddings: bool = False, project: bool | None = None, pad_id: int = 0):
+        super().__init__()
+        self.embedding = nn.Embedding.from_pretrained(embedding_table.float(), freeze=not trainable_embeddings,
+                                                      padding_idx=pad_id)
+        e = embedding_table.shape[1]
+        self.project = nn.Linear(e, d_model) if (project or e != d_model) else nn.Identity()
+        self.encoder, self.head = encoder, nn.Linear(d_model, n_classes)
+
+    def forward(self, ids: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool = False,
+                safeguard: bool = False):
+        """ids (B, n) long; `padding_mask` (B, n) bool, True marks padding. Returns (logits (B, C), EncoderOutput).
+
+        `return_energies` and `safeguard` go to an unfolded encoder (see `UnfoldedTransformer.forward`)."""
+        x = self.project(self.embedding(ids))                      # (B, n, d_model)
+        options = {"return_energies": True} if return_energies else {}
+        if safeguard:
+            options["safeguard"] = True
+        out = self.encoder(x, padding_mask, **options)
+        return self.head(masked_mean(out.hidden, padding_mask)), out

@@ -1,0 +1,65 @@
+"""Command line: `unfoldformer COMMAND ...`, one module per command in this package.
+
+Each command module provides `add_arguments(parser)` and `run(args) -> int` and is imported
+only when its command runs (so `unfoldformer --help` stays fast). `main` is the one error path
+of every command: an `UnfoldformerError` (bad setting, missing or malformed file, unreadable
+checkpoint, unsupported model) prints `unfoldformer COMMAND: error: MESSAGE` and exits with
+status 2; anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import UnfoldformerError
+
+COMMANDS: dict[str, str] = {
+    "demo": "energy trace of a certified model on random inputs",
+    "presets": "list the model presets and their settings",
+    "reproduce": "reproduce the paper's figures 1-6 and write a report",
+    "probe": "probe a pretrained Transformer: how energy-like is each layer",
+    "train": "train a classifier (certified, paper or standard Transformer)",
+    "evaluate": "evaluate a saved checkpoint: accuracy and energy curves",
+    "predict": "labels, probabilities and energy curves of a trained classifier for new texts",
+}
+
+
+def _module(name: str):
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unfoldformer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # only import the module of the command being run
+            _module(name).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = _module(args.command)
+    if extra and not getattr(module, "ACCEPTS_EXTRA_ARGS", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    try:
+        return int(module.run(args) or 0)
+    except UnfoldformerError as exc:
+        print(f"unfoldformer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"unfoldformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

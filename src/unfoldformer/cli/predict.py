@@ -1,0 +1,59 @@
+"""`unfoldformer predict`: labels, probabilities and energy curves of a trained classifier.
+
+    unfoldformer predict RUN [--text T ...] [--file F] [--json] [--safeguard] [--full-length]
+
+RUN is a run folder (its best weights), a `.safetensors` file or a `checkpoint.pt`. Texts come
+from `--text` (repeatable), `--file` (one text per line; `-` reads standard input), or both.
+Prints one line per text (label, probabilities, energy curve), or JSON with `--json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run folder, weights (.safetensors) or checkpoint.pt")
+    parser.add_argument("--text", action="append", default=[], help="a text to classify (repeatable)")
+    parser.add_argument("--file", help="a file with one text per line ('-': standard input)")
+    parser.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    parser.add_argument("--safeguard", action="store_true", help="whole-layer descent by backtracking (THEORY §3.5)")
+    parser.add_argument("--no-energies", action="store_true", help="skip the energy curves")
+    parser.add_argument("--full-length", action="store_true", help="no truncation (default: the training length)")
+    parser.add_argument("--data-dir", help="data folder (vocabularies built from data: random / GloVe embeddings)")
+
+
+def read_texts(args: argparse.Namespace) -> list[str]:
+    texts = list(args.text)
+    if args.file:
+        try:
+            lines = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--file {args.file}: cannot read it ({exc})") from None
+        texts += [line for line in lines.splitlines() if line.strip()]
+    if not texts:
+        raise ConfigError("no texts: pass --text TEXT (repeatable) or --file FILE")
+    return texts
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..inference import load
+
+    texts = read_texts(args)
+    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1)
+    predictions = predictor(texts, energies=not args.no_energies, safeguard=args.safeguard)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in predictions], indent=2))
+        return 0
+    for p in predictions:
+        probs = " ".join(f"{v:.3f}" for v in p.probabilities)
+        line = f"{p.label_name:8s} p=[{probs}]"
+        if p.energies is not None:
+            curve = " ".join(f"{e:.4g}" for e in p.energies)
+            line += f"  E: {curve} ({'never rises' if p.never_rises else 'rises'})"
+        print(f"{line}  | {p.text[:60]}")
+    return 0

@@ -1,0 +1,243 @@
+"""`ModelConfig`: the typed configuration of an encoder, and the preset registry `PRESETS`.
+
+A config names a preset (`preset_name`) and overrides some of its fields; fields left `None`
+take the preset's value. `resolved()` returns the complete config, and the models store that.
+A field that the chosen attention or FFN does not use must stay `None`: setting it is an error,
+not a silent no-op (`ModelConfig.preset("paper", anchor_weight=2)` fails, since the paper's
+metric attention has no anchor). Types are checked on construction, ranges on resolution;
+certified configs also refuse step sizes outside the range their theorem certifies (THEORY §3).
+
+| preset              | attention (THEORY)        | FFN                    | notes                              |
+|---------------------|---------------------------|------------------------|------------------------------------|
+| `certified`         | anchored, learned basis §3.3 | tied W2 = W1ᵀ (F2) §3.4 | multi-head, descent certified      |
+| `paper`             | metric AᵀA, one head §3.1 | symmetric W_F (F1) §3.4 | the paper's model, theory-consistent |
+| `paper-as-released` | released formulas §7.1    | released               | defects included, not certified    |
+| `standard`          | pre-LN softmax attention  | GELU MLP               | the `nn.TransformerEncoder` baseline |
+
+Whole-layer descent is a run-time option, not part of the architecture: pass
+`safeguard=True` to the model's forward (backtracking on the step size, THEORY §3.5).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .rho import RHO_FAMILY, get_rho
+
+__all__ = ["ATTENTION_KINDS", "FFN_KINDS", "ModelConfig", "PRESETS"]
+
+ATTENTION_KINDS = ("anchored", "metric", "released", "standard")
+FFN_KINDS = ("tied", "symmetric", "released", "none", "standard")
+
+# Fields each attention / FFN kind uses, beyond the ones every encoder has.
+_COMMON = ("d_model", "n_heads", "depth")
+_UNFOLDED = ("tied", "certified")
+_ATTENTION_FIELDS = {
+    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis") + _UNFOLDED,
+    "metric": ("rho", "alpha_attention", "learn_basis") + _UNFOLDED,
+    "released": _UNFOLDED,
+    "standard": ("dropout",),
+}
+_FFN_FIELDS = {
+    "tied": ("ffn_hidden", "alpha_ffn"),
+    "symmetric": ("alpha_ffn", "relu", "spectrum_bound", "spectrum_method"),
+    "released": ("relu",),
+    "none": (),
+    "standard": ("ffn_hidden",),
+}
+
+#: Values of fields that neither the user nor the preset sets.
+DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_weight=1.0, alpha_attention=1.0,
+                learn_basis=True, ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
+                spectrum_method="clip", dropout=0.0, certified=False)
+
+PRESETS: dict[str, dict] = {
+    # Certified multi-head anchored attention + tied FFN; certified step sizes.
+    "certified": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied", rho="exp",
+                      ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, alpha_ffn=1.0, learn_basis=True,
+                      certified=True),
+    # The paper's model made theory-consistent: one PSD metric AᵀA for energy and attention,
+    # key-norm bias, value = identity, one head, F1 with spectrum clipped to ±0.95, α = η = 1.
+    "paper": dict(d_model=300, n_heads=1, depth=12, tied=True, attention="metric", ffn="symmetric", rho="exp",
+                  relu=True, learn_basis=False, spectrum_bound=0.95, spectrum_method="clip", alpha_attention=1.0,
+                  alpha_ffn=1.0, certified=True),
+    # The formulas of the authors' released code, defects included (THEORY §7.1).
+    "paper-as-released": dict(d_model=300, n_heads=1, depth=12, tied=True, attention="released", ffn="released",
+                              relu=True, certified=False),
+    # The pre-LayerNorm `nn.TransformerEncoder` baseline (softmax attention, GELU MLP).
+    "standard": dict(d_model=128, n_heads=4, depth=6, attention="standard", ffn="standard", ffn_hidden=512,
+                     dropout=0.0),
+}
+
+
+@dataclass
+class ModelConfig:
+    """Configuration of an encoder: a preset plus overrides (see the module docstring).
+
+    Build one with `ModelConfig.preset(name, **overrides)` (resolved) or `ModelConfig(preset_name=…,
+    **overrides)` (resolved by the model). `None` = the preset's value, or "not used by this model".
+    """
+
+    preset_name: str = "certified"   # the preset whose values fill the fields left None
+    d_model: int | None = None
+    n_heads: int | None = None
+    depth: int | None = None
+    tied: bool | None = None              # one layer applied `depth` times (unfolded models)
+    rho: str | None = None                # attention penalty ρ (anchored, metric): exp | log | linear | lp | truncated
+    attention: str | None = None          # anchored | metric | released | standard
+    ffn: str | None = None                # tied (F2) | symmetric (F1) | released | none | standard
+    anchor_weight: float | None = None    # λ of anchored attention: E = E_A + E_FFN + λ⁻¹ ½‖Y − X‖²
+    alpha_attention: float | None = None  # attention step size α (anchored, metric)
+    learn_basis: bool | None = None       # learned orthogonal head subspaces (else contiguous blocks)
+    ffn_hidden: int | None = None         # hidden width m (tied FFN, standard MLP)
+    alpha_ffn: float | None = None        # α of the tied FFN (F2) or η of the symmetric FFN (F1)
+    relu: bool | None = None              # ReLU in the symmetric (F1) or released FFN
+    spectrum_bound: float | None = None   # F1: spec(W_F) ⊂ [−bound, bound], bound < 1
+    spectrum_method: str | None = None    # F1: clip (eigen-clip) | scale (spectral scaling)
+    dropout: float | None = None          # standard baseline only
+    certified: bool | None = None         # refuse step sizes outside the certified ranges
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+
+    # --- construction
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        """The resolved config of preset `name` with `overrides` (unknown fields are an error)."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
+        return cls(preset_name=name, **overrides).resolved()
+
+    def resolved(self) -> ModelConfig:
+        """Every field the model uses filled (explicit value, else the preset's, else the default), the
+        others None; ranges validated. Raises ConfigError naming the field."""
+        if self.preset_name not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset_name!r}; valid presets: {', '.join(PRESETS)}")
+        base = PRESETS[self.preset_name]
+        attention = self.attention or base["attention"]
+        ffn = self.ffn or base["ffn"]
+        if attention not in ATTENTION_KINDS:
+            raise ConfigError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION_KINDS)}")
+        if ffn not in FFN_KINDS:
+            raise ConfigError(f"unknown ffn {ffn!r}; valid: {', '.join(FFN_KINDS)}")
+        used = set(_COMMON) | set(_ATTENTION_FIELDS[attention]) | set(_FFN_FIELDS[ffn])
+        values = {"preset_name": self.preset_name, "attention": attention, "ffn": ffn}
+        for f in _architecture_fields():
+            mine = getattr(self, f)
+            if f not in used:
+                if mine is not None:
+                    raise ConfigError(f"{f} does not apply to attention {attention!r} with ffn {ffn!r} "
+                                      f"(preset {self.preset_name!r}); this model uses: {', '.join(sorted(used))}")
+                continue
+            values[f] = mine if mine is not None else base.get(f, DEFAULTS[f])
+        cfg = ModelConfig(**values)
+        cfg._check_ranges()
+        return cfg
+
+    # --- (de)serialisation
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelConfig:
+        """A config from `to_dict()` output. Dicts written by version 0.1.0 (every field filled, with
+        `safeguard` keys) are read too: their run-time safeguard keys and the fields their model does
+        not use are dropped."""
+        data = dict(data)
+        if "safeguard" in data:                                   # version 0.1.0
+            data.pop("safeguard"), data.pop("safeguard_halvings", None)
+            base = PRESETS.get(data.get("preset_name") or "certified", PRESETS["certified"])
+            used = (set(_COMMON) | set(_ATTENTION_FIELDS.get(data.get("attention") or base["attention"], ()))
+                    | set(_FFN_FIELDS.get(data.get("ffn") or base["ffn"], ())))
+            data = {k: v for k, v in data.items() if k in used or k not in _architecture_fields()}
+            data["preset_name"] = data.get("preset_name") or "certified"
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
+        return cls(**data).resolved()
+
+    def uses(self, name: str) -> bool:
+        """Whether the resolved model uses field `name`."""
+        cfg = self.resolved()
+        return getattr(cfg, name) is not None
+
+    @property
+    def is_unfolded(self) -> bool:
+        """True for the energy-descent models (everything but the `standard` baseline)."""
+        return (self.attention or PRESETS[self.preset_name]["attention"]) != "standard"
+
+    # --- validation
+    def _check_ranges(self) -> None:
+        positive_ints = ("d_model", "n_heads", "depth", "ffn_hidden")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+        if self.rho is not None and self.rho not in RHO_FAMILY:
+            raise ConfigError(f"unknown rho {self.rho!r}; valid: {', '.join(RHO_FAMILY)}")
+        for name in ("anchor_weight", "alpha_attention", "alpha_ffn"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+        if self.spectrum_bound is not None and not 0 < self.spectrum_bound < 1:
+            raise ConfigError(f"spectrum_bound must lie in (0, 1) for a bounded-below F1 energy, "
+                              f"got {self.spectrum_bound}")
+        if self.spectrum_method is not None and self.spectrum_method not in ("clip", "scale"):
+            raise ConfigError(f"spectrum_method must be clip or scale, got {self.spectrum_method!r}")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.attention == "released":
+            if self.n_heads != 1:
+                raise ConfigError(f"the released attention has one head, got n_heads={self.n_heads}")
+            if self.certified:
+                raise ConfigError("the released formulas are not certified; use preset 'paper-as-released' "
+                                  "with certified=False")
+        if self.certified:
+            self._check_certified()
+
+    def _check_certified(self) -> None:
+        a, f = self.alpha_attention, self.alpha_ffn
+        rho = get_rho(self.rho)
+        if self.attention == "anchored" and not 0 < a <= 1:
+            raise ConfigError(f"alpha_attention={a} is outside the certified range (0, 1] of anchored "
+                              "attention (THEORY §3.3)")
+        if self.attention == "metric" and not (0 < a <= 1 or (rho.psd_kernel and 0 < a < 2)):
+            rng = "(0, 2) for a PSD kernel" if rho.psd_kernel else "(0, 1]"
+            raise ConfigError(f"alpha_attention={a} is outside the certified range {rng} of Theorem A "
+                              f"(rho={rho.name}, THEORY §3.1)")
+        if self.ffn == "tied" and not 0 < f < 2:
+            raise ConfigError(f"alpha_ffn={f} is outside the certified range (0, 2) of the tied FFN "
+                              "(THEORY §3.4, F2)")
+        if self.ffn == "symmetric" and not 0 < f <= 1:
+            raise ConfigError(f"alpha_ffn (η)={f} is outside the certified range (0, 1] of the symmetric FFN "
+                              "with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)")
+
+
+def _architecture_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(ModelConfig)
+                 if f.name not in ("preset_name", "attention", "ffn"))
+
+
+def _check_types(cfg) -> None:
+    """Raise ConfigError for a field whose value has the wrong type (ints for floats are converted)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        allowed = set(typing.get_args(hints[f.name])) or {hints[f.name]}
+        if value is None and type(None) in allowed:
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+            setattr(cfg, f.name, value)
+        kind = next((t for t in allowed if t is not type(None)), object)
+        ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"{f.name} must be of type {kind.__name__}, got {value!r} ({type(value).__name__})")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{f.name} must be a finite number, got {value}")

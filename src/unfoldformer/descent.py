@@ -1,0 +1,83 @@
+"""What "a step lowers the energy" means in floating point, and the descent statistics.
+
+Energies are accumulated in float64, but a state stored in a lower precision is rounded to
+u = eps/2 relative, which moves E by a few u relative even at a fixed point. A rise therefore
+counts only beyond `descent_tolerance(dtype)·(1 + |E|)`, about 16 units of round-off of the
+state's dtype (floored at 1e-12 for float64 states, whose energies sum many terms):
+
+| state dtype | u        | tolerance |
+|-------------|----------|-----------|
+| float64     | 1.1e-16  | 1e-12     |
+| float32     | 6.0e-8   | 1e-6      |
+| float16     | 4.9e-4   | 8e-3      |
+| bfloat16    | 3.9e-3   | 6e-2      |
+
+The same rule serves the safeguard (THEORY §3.5), the evaluation statistics and the reports.
+Functions take torch tensors or numpy arrays alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DescentCounts", "descent_tolerance", "lowered", "share_lowered"]
+
+_TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 8e-3, torch.bfloat16: 6e-2}
+
+
+def descent_tolerance(dtype: torch.dtype) -> float:
+    """Relative round-off allowance when comparing energies of states stored in `dtype` (table above)."""
+    if dtype not in _TOLERANCE:
+        raise TypeError(f"no descent tolerance for dtype {dtype}; states must be floating point")
+    return _TOLERANCE[dtype]
+
+
+def lowered(before, after, tol: float):
+    """True where `after` does not rise above `before` beyond tol·(1 + |before|) (elementwise)."""
+    return after <= before + tol * (1.0 + abs(before))
+
+
+def share_lowered(before, after, tol: float) -> float:
+    """Share of steps (all elements of `before`/`after`) that do not rise beyond round-off."""
+    ok = lowered(before, after, tol)
+    return float(ok.double().mean()) if isinstance(ok, torch.Tensor) else float(ok.mean())
+
+
+@dataclass
+class DescentCounts:
+    """Counts of samples whose energy curve never rises and whose every layer descends, over batches.
+
+    `add(energies, layer_before, layer_after, step_scales, tol)` takes one batch of an
+    `EncoderOutput` (energies (B, T+1), the rest (B, T)); the shares are the counts over `samples`.
+    Sums only, so counts from several processes add up (`merge`).
+    """
+
+    samples: int = 0
+    monotone: int = 0            # curve E(Y⁰) ≥ … ≥ E(Yᵀ) up to round-off
+    monotone_strict: int = 0     # the same without any allowance
+    layers_descend: int = 0      # every layer: E_ℓ(Y⁽ℓ⁾) ≤ E_ℓ(Y⁽ℓ⁻¹⁾) up to round-off
+    layer_steps: int = 0
+    backtracked_steps: int = 0   # layer steps the safeguard shortened or skipped
+
+    def add(self, energies, layer_before, layer_after, step_scales, tol: float) -> None:
+        self.samples += int(energies.shape[0])
+        self.monotone += int(lowered(energies[:, :-1], energies[:, 1:], tol).all(1).sum())
+        self.monotone_strict += int((energies[:, 1:] <= energies[:, :-1]).all(1).sum())
+        self.layers_descend += int(lowered(layer_before, layer_after, tol).all(1).sum())
+        if step_scales is not None:
+            self.layer_steps += int(step_scales.numel())
+            self.backtracked_steps += int((step_scales < 1).sum())
+
+    def merge(self, other: DescentCounts) -> DescentCounts:
+        return DescentCounts(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
+
+    def as_tuple(self) -> tuple[int, ...]:
+        return (self.samples, self.monotone, self.monotone_strict, self.layers_descend, self.layer_steps,
+                self.backtracked_steps)
+
+    def shares(self) -> dict:
+        n = max(self.samples, 1)
+        return {"samples": self.samples, "monotone_share": self.monotone / n,
+                "monotone_share_strict": self.monotone_strict / n, "layer_descent_share": self.layers_descend / n,
+                "backtracked_layer_share": self.backtracked_steps / self.layer_steps if self.layer_steps else None}

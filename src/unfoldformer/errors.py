@@ -1,0 +1,18 @@
+"""Errors caused by input, settings or files rather than by bugs.
+
+Every command catches `UnfoldformerError`, prints `unfoldformer COMMAND: error: MESSAGE` in one
+line and exits with status 2; anything else is a bug and keeps its traceback. The subclasses
+also derive from the built-in error a caller would expect (`ValueError`, `FileNotFoundError`,
+`RuntimeError`), so `except ValueError` keeps working.
+"""
+from __future__ import annotations
+
+__all__ = ["ConfigError", "UnfoldformerError"]
+
+
+class UnfoldformerError(Exception):
+    """Base of the errors a command reports in one line (exit status 2)."""
+
+
+class ConfigError(UnfoldformerError, ValueError):
+    """An invalid setting, raised before any work starts; the message names the setting and its range."""

@@ -1,0 +1,107 @@
+"""Using a trained classifier without the training code: `load(RUN_OR_CHECKPOINT) -> Predictor`.
+
+    import unfoldformer as uf
+    predictor = uf.load("runs/sst2")                       # a run folder, .safetensors or checkpoint.pt
+    for p in predictor(["a gripping, beautiful film", "dull and far too long"]):
+        print(p.label_name, p.probabilities, p.energies)   # energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
+
+The embedding table and tokenizer are rebuilt from the saved config and checked against the
+sha256 stored with the weights, so a prediction uses exactly the trained function.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .descent import descent_tolerance, lowered
+from .model import UnfoldedTransformer
+
+__all__ = ["Prediction", "Predictor", "load"]
+
+LABEL_NAMES = ("negative", "positive")
+
+
+@dataclass
+class Prediction:
+    """One text's prediction: label, class probabilities and (unfolded models) the energy curve."""
+
+    text: str
+    label: int
+    label_name: str
+    probabilities: list[float]
+    tokens: int                            # tokens the model read (after truncation)
+    energies: list[float] | None = None    # E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾), float64
+    never_rises: bool | None = None        # the curve never rises beyond round-off
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Predictor:
+    """A trained `SequenceClassifier` with its embeddings: texts in, `Prediction`s out."""
+
+    def __init__(self, model, embeddings, max_length: int | None, config=None, path: Path | None = None):
+        self.model, self.embeddings, self.max_length = model.eval(), embeddings, max_length
+        self.config, self.path = config, path
+
+    @property
+    def unfolded(self) -> bool:
+        return isinstance(self.model.encoder, UnfoldedTransformer)
+
+    @torch.no_grad()
+    def predict(self, texts: Sequence[str], *, energies: bool = True, safeguard: bool = False,
+                batch_size: int = 32) -> list[Prediction]:
+        """Predictions for `texts` (truncated to the training length `max_length`).
+
+        `energies`: also the energy curve (unfolded models); `safeguard`: whole-layer descent by
+        backtracking (THEORY §3.5), so the curve never rises."""
+        if isinstance(texts, str):
+            raise TypeError("predict expects a list of texts, not a single string")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        out: list[Prediction] = []
+        for start in range(0, len(texts), batch_size):
+            out += self._batch(list(texts[start:start + batch_size]), energies and self.unfolded,
+                               safeguard and self.unfolded)
+        return out
+
+    __call__ = predict
+
+    def _batch(self, texts: list[str], energies: bool, safeguard: bool) -> list[Prediction]:
+        enc = self.embeddings.encode(texts, self.max_length)
+        ids, mask = enc.ids, enc.padding_mask
+        if ids.shape[1] == 0:                                      # every text empty: one pad token each
+            ids, mask = ids.new_full((len(texts), 1), self.embeddings.pad_id), mask.new_ones(len(texts), 1)
+        mask[:, 0] &= (~mask).any(1)                               # an empty text reads one pad token, as in training
+        logits, result = self.model(ids, mask, return_energies=energies, safeguard=safeguard)
+        probs = torch.softmax(logits.double(), dim=-1)             # (B, C)
+        preds = []
+        for i, text in enumerate(texts):
+            label = int(probs[i].argmax())
+            pred = Prediction(text, label, _label_name(label, probs.shape[1]), probs[i].tolist(),
+                              int((~mask[i]).sum()))
+            if result.energies is not None:
+                curve = result.energies[i]
+                pred.energies = curve.tolist()
+                pred.never_rises = bool(lowered(curve[:-1], curve[1:], descent_tolerance(torch.float32)).all())
+            preds.append(pred)
+        return preds
+
+
+def _label_name(label: int, n_classes: int) -> str:
+    return LABEL_NAMES[label] if n_classes == len(LABEL_NAMES) else str(label)
+
+
+def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: int | None = -1) -> Predictor:
+    """A `Predictor` for a run folder (its best weights), a `.safetensors` file or a `checkpoint.pt`.
+
+    `max_length`: truncation of the inputs (default -1: the training length; None: full length).
+    `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings)."""
+    from .train.checkpoint import load_classifier
+
+    loaded = load_classifier(path, data_dir=None if data_dir is None else str(data_dir))
+    length = loaded.config.data.max_length if max_length == -1 else max_length
+    return Predictor(loaded.model, loaded.embeddings, length, loaded.config, loaded.path)
