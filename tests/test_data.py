@@ -246,7 +246,12 @@ def test_search_order(tmp_path, monkeypatch, isolated_cache):
     monkeypatch.setenv("UNFOLDFORMER_DATA", str(env))
     assert find_data_file("SST-2.zip", explicit) == explicit / "SST-2.zip"
     assert find_data_file("SST-2.zip") == env / "SST-2.zip"
-    assert find_data_file("SST-2.zip", tmp_path / "empty") == env / "SST-2.zip"
+    # a folder given explicitly is the only one searched, and must exist (no fall-through to $UNFOLDFORMER_DATA)
+    with pytest.raises(DataNotFoundError, match="does not exist"):
+        find_data_file("SST-2.zip", tmp_path / "typo")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataNotFoundError, match="SST-2.zip' not found"):
+        find_data_file("SST-2.zip", tmp_path / "empty", download=False)
     monkeypatch.delenv("UNFOLDFORMER_DATA")
     assert find_data_file("SST-2.zip", download=False) == isolated_cache / "SST-2.zip"
     # an extracted folder counts; the archive wins within one folder
@@ -269,6 +274,7 @@ def test_missing_without_download(tmp_path):
 
 def test_download_verified_into_cache(data_dir, tmp_path, monkeypatch, isolated_cache):
     monkeypatch.setitem(files_module.DATA_URLS, "SST-2.zip", (data_dir / "SST-2.zip").as_uri())
+    (tmp_path / "nothing-here").mkdir()
     path = find_data_file("SST-2.zip", tmp_path / "nothing-here")
     assert path == isolated_cache / "SST-2.zip"
     assert sha256_file(path) == SST2_SHA
@@ -281,7 +287,7 @@ def test_download_wrong_checksum_leaves_nothing(tmp_path, monkeypatch, isolated_
     fake.write_bytes(b"not the data set" * 100)
     monkeypatch.setitem(files_module.DATA_URLS, "aclImdb_v1.tar.gz", fake.as_uri())
     with pytest.raises(DataFormatError, match=r"aclImdb_v1\.tar\.gz.*sha256.*discarded"):
-        find_data_file("aclImdb_v1.tar.gz", tmp_path / "nothing-here")
+        find_data_file("aclImdb_v1.tar.gz", tmp_path)
     assert list(isolated_cache.iterdir()) == []
 
 
