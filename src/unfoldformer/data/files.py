@@ -201,15 +201,13 @@ def _locate(name: str, dirs: list[Path]) -> Path | None:
 
 
 def _not_found_message(name: str, dirs: list[Path], reason: str) -> str:
-    searched = "\n".join(f"  - {d}" for d in dirs)
+    """One line: what was searched, where to get the file and how to point to it."""
+    searched = ", ".join(str(d) for d in dirs)
     return (
-        f"data file {name!r} not found ({reason}).\n"
-        f"Searched (archive {name} or extracted folder {EXTRACTED_FOLDERS[name]}/):\n"
-        f"{searched}\n"
-        f"Download it from {DATA_URLS[name]} and put {name} into a folder, then pass "
-        f"that folder as the data folder (--data-dir on the command line, --data.data_dir "
-        f"for train, data_dir=... in Python) or set the environment variable {ENV_DATA}; "
-        f"or place it in the cache {cache_dir()}."
+        f"data file {name!r} not found ({reason}); searched {searched} for the archive {name} or "
+        f"its folder {EXTRACTED_FOLDERS[name]}/. Download it from {DATA_URLS[name]} into a folder and "
+        f"pass that folder as the data folder (--data-dir on the command line, --data.data_dir for "
+        f"train, data_dir=... in Python), or set {ENV_DATA}, or place it in the cache {cache_dir()}"
     )
 
 

@@ -251,14 +251,18 @@ class Trainer:
     # --- divergence
     @contextmanager
     def _divergence_check(self):
-        """Report a forward that fails on non-finite values (the layers' state checks see them first) as
-        a divergence when the weights are no longer finite; other errors pass unchanged."""
+        """Report a forward that fails on a value check (the layers' state checks see a non-finite state
+        first) as a divergence once the optimiser has changed the weights: the inputs are rows of a
+        finite table, so a non-finite state comes from the weights. Before the first step, or for
+        other errors, the error passes unchanged."""
         try:
             yield
         except ValueError as exc:
-            if all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+            if finite and self.state["step"] == 0:
                 raise
-            raise self._diverged(f"the weights are no longer finite (the forward pass failed: {exc})") from None
+            weights = "the weights are finite but too large" if finite else "the weights are no longer finite"
+            raise self._diverged(f"{weights} (the forward pass failed: {exc})") from None
 
     def _diverged(self, what: str) -> TrainingDivergedError:
         step, lr = self.state["step"] + 1, self.cfg.optim.lr
