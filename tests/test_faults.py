@@ -96,7 +96,7 @@ def test_bit_flip_in_a_checkpoint_refuses_resume(run_dir, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     state = load_train_state(copy / "checkpoint.pt")
-    name = "classifier.weight" if "classifier.weight" in state["model"] else next(iter(state["model"]))
+    name = "project.weight"                                        # the input map e → d_model
     _flip_inside(copy / "checkpoint.pt", state["model"][name])
     before = {p.name: p.read_bytes() for p in copy.iterdir()}
     assert cli.main(["train", "--run.out_dir", str(copy), "--resume"]) == 2
@@ -454,3 +454,16 @@ def test_state_digests_cover_every_tensor_and_value_and_survive_a_round_trip(tmp
     assert state_digests({**state, "steps": [1, 2.5, "y"]})["<values>"] != digests["<values>"]
     assert tensor_sha256(torch.zeros(2)) != tensor_sha256(torch.zeros(1, 2))        # the shape counts
     assert tensor_sha256(torch.zeros(2)) != tensor_sha256(torch.zeros(2, dtype=torch.float64).float().half())
+
+
+# ----------------------------------------------------------------------------- provenance
+def test_runs_record_the_data_files_they_read(run_dir, sst2_dir):
+    from unfoldformer.data import file_record
+    from unfoldformer.train import evaluate_checkpoint
+    record = file_record(sst2_dir / "SST-2")                       # the synthetic data is an extracted folder
+    assert record["sha256"].startswith("tree:") and record["bytes"] == sum(
+        p.stat().st_size for p in (sst2_dir / "SST-2").iterdir())
+    assert json.loads((run_dir / "config.json").read_text())["resolved"]["data_files"] == [record]
+    assert json.loads((run_dir / "summary.json").read_text())["data_files"] == [record]
+    result = evaluate_checkpoint(run_dir, energies=False, max_examples=8)
+    assert result["data_files"] == [record] and result["integrity"] == "verified" and result["n"] == 8

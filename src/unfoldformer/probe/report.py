@@ -87,9 +87,10 @@ def run_probe(settings: ProbeSettings, progress=None) -> dict:
 
     start = time.perf_counter()
     check_output_location("out", settings.out)
-    config = {**dataclasses.asdict(settings), "model_path": str(resolve_model_path(settings.model)),
-              "data_files": [dataset_record(settings.dataset, settings.data_dir)]}
+    model_path = resolve_model_path(settings.model)
     texts = sample_texts(settings.dataset, settings.split, settings.samples, settings.seed, settings.data_dir)
+    config = {**dataclasses.asdict(settings), "model_path": str(model_path),
+              "data_files": [dataset_record(settings.dataset, settings.data_dir)]}
     result = probe(settings.model, texts, max_length=settings.max_length, batch_size=settings.batch_size,
                    progress=progress, num_threads=settings.threads)
     summary = {**result.summary(), "wall_seconds": time.perf_counter() - start, "config": config,
