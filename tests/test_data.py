@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
 import time
 import zipfile
@@ -317,3 +318,24 @@ def test_dataset_files_for_folder(tmp_path):
     )
     expected = hashlib.sha256("".join(sorted(lines, key=lambda s: s[66:])).encode()).hexdigest()
     assert dataset_files("imdb", tmp_path) == {str(folder): "tree:" + expected}
+
+
+def test_installed_files_are_checked_against_the_sha256_pip_recorded(tmp_path, monkeypatch):
+    """The MiniLM files are verified against the package's RECORD; a changed byte is an error naming the file."""
+    import base64
+    import importlib.metadata
+    from types import SimpleNamespace
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights!" * 4096)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(weights.read_bytes()).digest()).rstrip(b"=").decode()
+    row = SimpleNamespace(hash=SimpleNamespace(mode="sha256", value=digest), locate=lambda: weights)
+    monkeypatch.setattr(importlib.metadata, "files", lambda name: [row] if name == "pkg" else None)
+    files_module.verify_installed_files("pkg", [weights, tmp_path / "not-recorded.txt"])      # intact: silent
+    data = bytearray(weights.read_bytes())
+    data[1000] ^= 0x01
+    weights.write_bytes(bytes(data))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))   # a new version of the file
+    with pytest.raises(DataFormatError, match=r"model.safetensors: sha256 .* recorded when pkg was installed"):
+        files_module.verify_installed_files("pkg", [weights])

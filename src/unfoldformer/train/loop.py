@@ -250,7 +250,7 @@ class Trainer:
 
     # --- divergence
     @contextmanager
-    def _divergence_check(self):
+    def _divergence_check(self, step: int | None = None):
         """Report a forward that fails on a value check (the layers' state checks see a non-finite state
         first) as a divergence once the optimiser has changed the weights: the inputs are rows of a
         finite table, so a non-finite state comes from the weights. Before the first step, or for
@@ -262,10 +262,11 @@ class Trainer:
             if finite and self.state["step"] == 0:
                 raise
             weights = "the weights are finite but too large" if finite else "the weights are no longer finite"
-            raise self._diverged(f"{weights} (the forward pass failed: {exc})") from None
+            raise self._diverged(f"{weights} (the forward pass failed: {exc})", step) from None
 
-    def _diverged(self, what: str) -> TrainingDivergedError:
-        step, lr = self.state["step"] + 1, self.cfg.optim.lr
+    def _diverged(self, what: str, step: int | None = None) -> TrainingDivergedError:
+        """The error of a run that diverged at `step` (default: the step being taken)."""
+        step, lr = self.state["step"] + 1 if step is None else step, self.cfg.optim.lr
         last = "none yet" if self._last_loss is None else f"{self._last_loss:.4g}"
         saved = (f"the last checkpoint is {self.ckpt_path} (step {self._checkpointed})"
                  if self._checkpointed is not None else "no checkpoint was written yet")
@@ -276,7 +277,7 @@ class Trainer:
     def _record(self) -> None:
         import torch.distributed as dist
         d, st = self.dist, self.state
-        with self._divergence_check():
+        with self._divergence_check(step=st["step"]):          # evaluating the weights of this step
             sums = evaluate(self.model, self.eval_ds, self.my_eval_batches, self.cfg.data.max_length,
                             self.embeddings.pad_id, d.device, energies=False,
                             progress=d.main and self.cfg.run.progress)
