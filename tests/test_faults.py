@@ -250,7 +250,7 @@ def test_train_missing_data_names_the_train_option(tmp_path, capsys, monkeypatch
     monkeypatch.setenv("UNFOLDFORMER_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
     _fails(capsys, ["train", "--data.dataset", "imdb", "--run.out_dir", out],
-           r"data for data.dataset='imdb' is missing .*--data.data_dir for train", out)
+           r"data for data.dataset='imdb' is missing: .*--data.data_dir for train.*--data.download true$", out)
 
 
 EVAL_CASES = [

@@ -86,7 +86,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> dict:
     from .measures import probe
 
     start = time.perf_counter()
-    check_output_location("out", settings.out)
+    check_output_location("--out", settings.out)
     model_path = resolve_model_path(settings.model)
     texts = sample_texts(settings.dataset, settings.split, settings.samples, settings.seed, settings.data_dir)
     config = {**dataclasses.asdict(settings), "model_path": str(model_path),

@@ -241,8 +241,10 @@ class TrainConfig:
         try:
             find_data_file(DATASET_FILES[self.data.dataset], self.data.data_dir, download=self.data.download)
         except DataNotFoundError as exc:
-            raise ConfigError(f"data for data.dataset={self.data.dataset!r} is missing (set data.data_dir, e.g. "
-                              f"--data.data_dir DIR, or --data.download true): {exc}") from None
+            folder = self.data.data_dir
+            typo = folder is not None and not Path(folder).expanduser().exists()
+            fetch = "" if typo else "; or let train fetch it: --data.download true"
+            raise ConfigError(f"data for data.dataset={self.data.dataset!r} is missing: {exc}{fetch}") from None
         spec = self.data.embeddings
         if spec.startswith("glove:") and not Path(spec[6:]).expanduser().is_file():
             raise ConfigError(f"data.embeddings: word-vector file {spec[6:]} not found")
