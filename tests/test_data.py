@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
 import time
 import zipfile
@@ -246,7 +247,12 @@ def test_search_order(tmp_path, monkeypatch, isolated_cache):
     monkeypatch.setenv("UNFOLDFORMER_DATA", str(env))
     assert find_data_file("SST-2.zip", explicit) == explicit / "SST-2.zip"
     assert find_data_file("SST-2.zip") == env / "SST-2.zip"
-    assert find_data_file("SST-2.zip", tmp_path / "empty") == env / "SST-2.zip"
+    # a folder given explicitly is the only one searched, and must exist (no fall-through to $UNFOLDFORMER_DATA)
+    with pytest.raises(DataNotFoundError, match="does not exist"):
+        find_data_file("SST-2.zip", tmp_path / "typo")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataNotFoundError, match="SST-2.zip' not found"):
+        find_data_file("SST-2.zip", tmp_path / "empty", download=False)
     monkeypatch.delenv("UNFOLDFORMER_DATA")
     assert find_data_file("SST-2.zip", download=False) == isolated_cache / "SST-2.zip"
     # an extracted folder counts; the archive wins within one folder
@@ -269,6 +275,7 @@ def test_missing_without_download(tmp_path):
 
 def test_download_verified_into_cache(data_dir, tmp_path, monkeypatch, isolated_cache):
     monkeypatch.setitem(files_module.DATA_URLS, "SST-2.zip", (data_dir / "SST-2.zip").as_uri())
+    (tmp_path / "nothing-here").mkdir()
     path = find_data_file("SST-2.zip", tmp_path / "nothing-here")
     assert path == isolated_cache / "SST-2.zip"
     assert sha256_file(path) == SST2_SHA
@@ -281,7 +288,7 @@ def test_download_wrong_checksum_leaves_nothing(tmp_path, monkeypatch, isolated_
     fake.write_bytes(b"not the data set" * 100)
     monkeypatch.setitem(files_module.DATA_URLS, "aclImdb_v1.tar.gz", fake.as_uri())
     with pytest.raises(DataFormatError, match=r"aclImdb_v1\.tar\.gz.*sha256.*discarded"):
-        find_data_file("aclImdb_v1.tar.gz", tmp_path / "nothing-here")
+        find_data_file("aclImdb_v1.tar.gz", tmp_path)
     assert list(isolated_cache.iterdir()) == []
 
 
@@ -311,3 +318,24 @@ def test_dataset_files_for_folder(tmp_path):
     )
     expected = hashlib.sha256("".join(sorted(lines, key=lambda s: s[66:])).encode()).hexdigest()
     assert dataset_files("imdb", tmp_path) == {str(folder): "tree:" + expected}
+
+
+def test_installed_files_are_checked_against_the_sha256_pip_recorded(tmp_path, monkeypatch):
+    """The MiniLM files are verified against the package's RECORD; a changed byte is an error naming the file."""
+    import base64
+    import importlib.metadata
+    from types import SimpleNamespace
+
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights!" * 4096)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(weights.read_bytes()).digest()).rstrip(b"=").decode()
+    row = SimpleNamespace(hash=SimpleNamespace(mode="sha256", value=digest), locate=lambda: weights)
+    monkeypatch.setattr(importlib.metadata, "files", lambda name: [row] if name == "pkg" else None)
+    files_module.verify_installed_files("pkg", [weights, tmp_path / "not-recorded.txt"])      # intact: silent
+    data = bytearray(weights.read_bytes())
+    data[1000] ^= 0x01
+    weights.write_bytes(bytes(data))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))   # a new version of the file
+    with pytest.raises(DataFormatError, match=r"model.safetensors: sha256 .* recorded when pkg was installed"):
+        files_module.verify_installed_files("pkg", [weights])

@@ -9,6 +9,7 @@ import torch
 import unfoldformer as uf
 from conftest import FIXTURES, TINY_TRAIN, close_tol
 from unfoldformer.cli import main
+from unfoldformer.errors import UnverifiedFileWarning
 from unfoldformer.train import TrainConfig, load_classifier, train
 from unfoldformer.train.checkpoint import load_train_state, load_weights
 
@@ -74,10 +75,14 @@ def test_predict_on_a_missing_run_is_a_one_line_error(tmp_path, capsys):
 def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_path):
     """Files written by the code of version 0.1.0 (tests/fixtures/v0.1.0, with the logits it computed
     on fixed ids): the weights load into today's model and give the same logits."""
-    state, cfg, info = load_weights(OLD / kind / "best.safetensors")
+    with pytest.warns(UnverifiedFileWarning, match="without checksums"):   # 0.1.0 wrote none
+        state, cfg, info = load_weights(OLD / kind / "best.safetensors")
+    assert info["integrity"].startswith("unverified")
     cfg = cfg.replace(data__data_dir=str(tmp_path / "data"))
     shutil.copytree(OLD / "data", tmp_path / "data")
-    loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data")
+    with pytest.warns(UnverifiedFileWarning):
+        loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data")
+    assert loaded.info["integrity"].startswith("unverified")
     expected = json.loads((OLD / kind / "expected_logits.json").read_text())
     ids = torch.tensor(expected["ids"])
     with torch.no_grad():      # version 0.1.0 ran the certified preset's safeguard in eval mode
@@ -89,7 +94,9 @@ def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_pa
 
 
 def test_checkpoint_written_by_version_0_1_0_still_reads():
-    state = load_train_state(OLD / "certified-tied" / "checkpoint.pt")
+    with pytest.warns(UnverifiedFileWarning, match="checkpoint.pt: written by version 0.1.0 without checksums"):
+        state = load_train_state(OLD / "certified-tied" / "checkpoint.pt")
+    assert state["integrity"].startswith("unverified")
     cfg = TrainConfig.from_dict(state["config"])
     assert cfg.model.kind == "certified-tied" and state["progress"]["finished"] is True
     assert cfg.model_config().depth == 2

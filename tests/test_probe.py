@@ -341,3 +341,7 @@ def test_minilm_probe_report_end_to_end(data_dir, tmp_path):
         assert all(0 <= v <= 1 for v in ref["share_decreased_per_step"])
     assert np.isfinite(np.array(s["per_sample"]["own_in"], dtype=float)).all()
     assert "wall time" in (out / "probe.md").read_text()
+    # provenance: the data file read, with its size and sha256, in config.json and probe.md
+    from unfoldformer.data import file_record
+    record = file_record(data_dir / "SST-2.zip")
+    assert config["data_files"] == [record] and record["sha256"] in (out / "probe.md").read_text()

@@ -59,7 +59,7 @@ def test_yaml_file_values_are_coerced(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--model.kind", "transformer"], "unknown model.kind 'transformer'"),
-    (["--optim.lr", "-1e-3"], "optim.lr must be a positive number"),
+    (["--optim.lr", "-1e-3"], "optim.lr must be a finite number > 0"),
     (["--model.depth", "0"], "depth must be >= 1"),
     (["--optim.epochs", "0"], "optim.epochs must be >= 1"),
     (["--model.alpha_attention", "1.5"], "outside the certified range"),
@@ -281,9 +281,13 @@ def test_resume_after_sigkill_is_bitwise_identical(sst2_dir, tmp_path):
     a, _, _ = load_weights(killed / "last.safetensors")
     b, _, _ = load_weights(tmp_path / "straight" / "last.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda p: [{k: v for k, v in json.loads(line).items() if "time" not in k and "per_s" not in k}
-                       for line in p.read_text().splitlines()]
+    strip = lambda p: [{k: v for k, v in json.loads(line).items() if "time" not in k and "per_s" not in k
+                        and k != "run_id"} for line in p.read_text().splitlines()]
     assert strip(killed / "metrics.jsonl") == strip(tmp_path / "straight" / "metrics.jsonl")
+    # the resumed run is the same run: one run id in every row, in config.json and in the weights
+    run_ids = {json.loads(line)["run_id"] for line in (killed / "metrics.jsonl").read_text().splitlines()}
+    saved = json.loads((killed / "config.json").read_text())["resolved"]["run_id"]
+    assert run_ids == {saved} == {load_weights(killed / "last.safetensors")[2]["run_id"]}
 
 
 def _free_port() -> int:

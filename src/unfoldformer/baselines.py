@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .energy import check_states
+from .energy import check_dtype, check_states
 from .errors import ConfigError
 from .model import EncoderOutput
 
@@ -36,4 +36,5 @@ class StandardTransformer(nn.Module):
         if return_energies or safeguard:
             raise ConfigError("the standard Transformer has no energy: return_energies and safeguard do not apply")
         check_states(x, padding_mask)
+        check_dtype(x, self)
         return EncoderOutput(hidden=self.encoder(x, src_key_padding_mask=padding_mask))

@@ -55,6 +55,16 @@ def check_states(Y: Tensor, padding_mask: Tensor | None = None, *, name: str = "
     return ~padding_mask
 
 
+def check_dtype(x: Tensor, module: torch.nn.Module, name: str = "x") -> None:
+    """Refuse an input whose dtype differs from the module's parameters (float16 into a float32 model):
+    casting silently would change the precision, and with it the round-off allowance of every
+    descent check (`descent.descent_tolerance`), behind the caller's back."""
+    param = next(module.parameters(), None)
+    if param is not None and x.dtype != param.dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but the model's parameters are {param.dtype}; convert one "
+                        f"to the other first ({name}.to({param.dtype}) or model.to({x.dtype}))")
+
+
 def check_factors(factors: Tensor, d: int) -> Tensor:
     """Validate attention factors and return them as (H, k, d)."""
     if not isinstance(factors, Tensor) or not factors.is_floating_point():

@@ -7,7 +7,7 @@ also derive from the built-in error a caller would expect (`ValueError`, `FileNo
 """
 from __future__ import annotations
 
-__all__ = ["ConfigError", "UnfoldformerError"]
+__all__ = ["ConfigError", "OutputError", "UnfoldformerError", "UnverifiedFileWarning"]
 
 
 class UnfoldformerError(Exception):
@@ -16,3 +16,11 @@ class UnfoldformerError(Exception):
 
 class ConfigError(UnfoldformerError, ValueError):
     """An invalid setting, raised before any work starts; the message names the setting and its range."""
+
+
+class OutputError(UnfoldformerError, OSError):
+    """An output location that cannot be written, is in use by another run, or holds files that are not ours."""
+
+
+class UnverifiedFileWarning(UserWarning):
+    """A file read without an integrity check (written before files carried checksums, version 0.1.0)."""

@@ -6,7 +6,9 @@
         print(p.label_name, p.probabilities, p.energies)   # energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
 
 The embedding table and tokenizer are rebuilt from the saved config and checked against the
-sha256 stored with the weights, so a prediction uses exactly the trained function.
+sha256 stored with the weights, so a prediction uses exactly the trained function. The weights'
+checksums are verified on load (`Predictor.integrity`: "verified", or "unverified …" for files
+of version 0.1.0, which carry none and are announced by an `UnverifiedFileWarning`).
 """
 from __future__ import annotations
 
@@ -43,9 +45,10 @@ class Prediction:
 class Predictor:
     """A trained `SequenceClassifier` with its embeddings: texts in, `Prediction`s out."""
 
-    def __init__(self, model, embeddings, max_length: int | None, config=None, path: Path | None = None):
+    def __init__(self, model, embeddings, max_length: int | None, config=None, path: Path | None = None,
+                 integrity: str | None = None):
         self.model, self.embeddings, self.max_length = model.eval(), embeddings, max_length
-        self.config, self.path = config, path
+        self.config, self.path, self.integrity = config, path, integrity
 
     @property
     def unfolded(self) -> bool:
@@ -86,7 +89,8 @@ class Predictor:
             if result.energies is not None:
                 curve = result.energies[i]
                 pred.energies = curve.tolist()
-                pred.never_rises = bool(lowered(curve[:-1], curve[1:], descent_tolerance(torch.float32)).all())
+                tol = descent_tolerance(result.hidden.dtype)              # the states' own round-off
+                pred.never_rises = bool(lowered(curve[:-1], curve[1:], tol).all())
             preds.append(pred)
         return preds
 
@@ -101,7 +105,10 @@ def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: in
     `max_length`: truncation of the inputs (default -1: the training length; None: full length).
     `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings)."""
     from .train.checkpoint import load_classifier
+    from .utils import check_at_least
 
+    if max_length != -1:
+        check_at_least("max_length", max_length, optional=True)
     loaded = load_classifier(path, data_dir=None if data_dir is None else str(data_dir))
     length = loaded.config.data.max_length if max_length == -1 else max_length
-    return Predictor(loaded.model, loaded.embeddings, length, loaded.config, loaded.path)
+    return Predictor(loaded.model, loaded.embeddings, length, loaded.config, loaded.path, loaded.info.get("integrity"))

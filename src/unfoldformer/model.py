@@ -31,7 +31,7 @@ from torch.nn.utils import parametrize
 
 from .config import ModelConfig
 from .descent import descent_tolerance, lowered
-from .energy import check_states
+from .energy import check_dtype, check_states
 from .errors import ConfigError
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
@@ -112,6 +112,7 @@ class UnfoldedTransformer(nn.Module):
         `return_energies`: the energy curve and sub-step energies (module doc). `safeguard`: whole-layer
         descent by backtracking, at most `max_halvings` halvings per layer and sample (module doc)."""
         check_states(x, padding_mask)
+        check_dtype(x, self)
         if x.shape[-1] != self.config.d_model:
             raise ValueError(f"input has d={x.shape[-1]} but the model has d_model={self.config.d_model}")
         if max_halvings < 0:

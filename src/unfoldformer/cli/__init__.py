@@ -4,15 +4,20 @@ Each command module provides `add_arguments(parser)` and `run(args) -> int` and 
 only when its command runs (so `unfoldformer --help` stays fast). `main` is the one error path
 of every command: an `UnfoldformerError` (bad setting, missing or malformed file, unreadable
 checkpoint, unsupported model) prints `unfoldformer COMMAND: error: MESSAGE` and exits with
-status 2; anything else is a bug and keeps its traceback.
+status 2; anything else is a bug and keeps its traceback. An `UnverifiedFileWarning` (a file
+read without checksums) prints one line, `unfoldformer COMMAND: warning: MESSAGE`.
+
+`check_options(args, *names)` checks integer options (>= 1 unless unset) before a command
+does any work, each error naming its option.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import warnings
 
-from ..errors import UnfoldformerError
+from ..errors import UnfoldformerError, UnverifiedFileWarning
 
 COMMANDS: dict[str, str] = {
     "demo": "energy trace of a certified model on random inputs",
@@ -40,6 +45,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def check_options(args: argparse.Namespace, *names: str, low: int = 1) -> None:
+    """ConfigError naming the option (`--max-length`) for an integer option below `low` (unset is fine)."""
+    from ..utils import check_at_least
+    for name in names:
+        check_at_least(f"--{name.replace('_', '-')}", getattr(args, name), low, optional=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -52,7 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     try:
-        return int(module.run(args) or 0)
+        with warnings.catch_warnings():
+            plain = warnings.showwarning
+
+            def show(message, category, *rest, **kw):
+                if issubclass(category, UnverifiedFileWarning):
+                    print(f"unfoldformer {args.command}: warning: {message}", file=sys.stderr)
+                else:
+                    plain(message, category, *rest, **kw)
+
+            warnings.showwarning = show
+            return int(module.run(args) or 0)
     except UnfoldformerError as exc:
         print(f"unfoldformer {args.command}: error: {exc}", file=sys.stderr)
         return 2

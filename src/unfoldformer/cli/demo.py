@@ -2,7 +2,8 @@
 
 Builds a preset (default `certified`), runs it on random inputs with padding, and prints
 E(Y⁽ᵗ⁾) per layer with the share of layer, attention and FFN steps that lower their
-energy. Writes nothing unless `--out` is given (then `demo.json` and `config.json`).
+energy. Writes nothing unless `--out` is given (then `demo.json`, `config.json` and
+`complete.json`, the folder built whole or not at all: `utils.staged_output`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import torch
 from ..config import PRESETS, ModelConfig
 from ..descent import descent_tolerance, share_lowered
 from ..model import UnfoldedTransformer
-from ..utils import write_json
+from ..utils import check_output_location, staged_output, write_json
+from . import check_options
+
+OUTPUT_FILES = ("config.json", "demo.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +50,11 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
 
 
 def run(args: argparse.Namespace) -> int:
+    check_options(args, "batch", "tokens", "depth")
     overrides = {} if args.depth is None else {"depth": args.depth}
     cfg = ModelConfig.preset(args.preset, **overrides)
+    if args.out is not None:
+        check_output_location("--out", args.out)
     result = energy_trace(cfg, args.batch, args.tokens, args.seed, args.safeguard)
     print(f"preset {args.preset}: d_model={cfg.d_model} heads={cfg.n_heads} depth={cfg.depth} "
           f"attention={cfg.attention} ffn={cfg.ffn} safeguard={args.safeguard}")
@@ -57,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     for key in ("layer", "attention", "ffn"):
         print(f"share of {key} steps that do not raise the energy: {result[f'share_{key}_steps_lowering']:.1%}")
     if args.out is not None:
-        write_json(args.out / "config.json", {"model": cfg.to_dict(), "seed": args.seed, "batch": args.batch,
-                                              "tokens": args.tokens, "safeguard": args.safeguard})
-        write_json(args.out / "demo.json", result)
+        config = {"model": cfg.to_dict(), "seed": args.seed, "batch": args.batch, "tokens": args.tokens,
+                  "safeguard": args.safeguard}
+        with staged_output(args.out, "demo", config, owned=OUTPUT_FILES.__contains__) as out:
+            write_json(out / "config.json", config)
+            write_json(out / "demo.json", result)
     return 0

@@ -8,6 +8,8 @@ Energy statistics (unfolded models only): share of samples whose energy curve E(
 never rises (beyond the model's float32 round-off allowance; `monotone_share_strict` without it),
 share whose every layer descends its own energy, share of layer steps the safeguard shortened,
 and the mean curve. `--safeguard` evaluates with whole-layer descent by backtracking (THEORY §3.5).
+Every option is checked before any work (sizes >= 1, device present, labelled split, `--output`
+writable); the weights' checksums are verified; `--output` is written atomically (whole or absent).
 """
 from __future__ import annotations
 
@@ -31,9 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
     from ..train import evaluate_checkpoint
-    from ..utils import write_json
+    from ..utils import check_device, check_output_location, write_json
+    from . import check_options
 
+    check_options(args, "max_length", "batch_size", "max_examples")
+    if args.full_length and args.max_length is not None:
+        raise ConfigError("--max-length and --full-length exclude each other")
+    check_device("--device", args.device)
+    if args.output:
+        check_output_location("--output", args.output, folder=False)
     result = evaluate_checkpoint(args.checkpoint, data_dir=args.data_dir, split=args.split,
                                  max_length=args.max_length, full_length=args.full_length,
                                  batch_size=args.batch_size, energies=not args.no_energies,

@@ -31,7 +31,17 @@ def run(args: argparse.Namespace) -> int:
     settings = ProbeSettings(model=args.model, dataset=args.dataset, split=args.split, samples=args.samples,
                              max_length=args.max_length, batch_size=args.batch_size, seed=args.seed,
                              data_dir=args.data_dir, threads=args.threads, out=args.out)
-    with tqdm(total=settings.samples, desc="probe", unit="sample") as bar:
-        summary = run_probe(settings, progress=bar.update)
+    bars: list = []                                 # the bar starts with the first batch, after every check
+
+    def progress(k: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=settings.samples, desc="probe", unit="sample"))
+        bars[0].update(k)
+
+    try:
+        summary = run_probe(settings, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
     print(f"probe: {summary['samples']} texts in {summary['wall_seconds']:.1f} s -> {settings.out}")
     return 0

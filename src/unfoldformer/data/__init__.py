@@ -7,19 +7,32 @@ validation, OOV policy).
 """
 
 from .batching import seeded_subset
-from .datasets import DATASET_NAMES, EVAL_SPLITS, TextExample, dataset_files, load_dataset, load_imdb, load_sst2
+from .datasets import (
+    DATASET_NAMES,
+    EVAL_SPLITS,
+    LABELLED_SPLITS,
+    TextExample,
+    dataset_files,
+    dataset_record,
+    load_dataset,
+    load_imdb,
+    load_sst2,
+)
 from .embeddings import EncodedBatch, StaticEmbeddings, load_embeddings, word_tokenize
-from .files import DataFormatError, DataNotFoundError, find_data_file, sha256_file
+from .files import DataFormatError, DataNotFoundError, file_record, find_data_file, sha256_file
 
 __all__ = [
     "DATASET_NAMES",
     "DataFormatError",
     "EVAL_SPLITS",
     "DataNotFoundError",
+    "LABELLED_SPLITS",
     "EncodedBatch",
     "StaticEmbeddings",
     "TextExample",
     "dataset_files",
+    "dataset_record",
+    "file_record",
     "find_data_file",
     "load_dataset",
     "load_embeddings",

@@ -33,9 +33,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import DataFormatError, find_data_file, sha256_file
+from .files import DataFormatError, file_record, find_data_file, sha256_file
 
-__all__ = ["DATASET_NAMES", "EVAL_SPLITS", "TextExample", "dataset_files", "load_dataset", "load_imdb", "load_sst2"]
+__all__ = ["DATASET_NAMES", "EVAL_SPLITS", "LABELLED_SPLITS", "TextExample", "dataset_files", "dataset_record",
+           "load_dataset", "load_imdb", "load_sst2"]
 
 SST2_FILE = "SST-2.zip"
 IMDB_FILE = "aclImdb_v1.tar.gz"
@@ -44,6 +45,9 @@ IMDB_SPLITS = ("train", "test")
 DATASET_FILES = {"sst2": SST2_FILE, "imdb": IMDB_FILE}
 #: The labelled held-out split of each data set (SST-2 test has no labels).
 EVAL_SPLITS = {"sst2": "dev", "imdb": "test"}
+#: The splits of each data set, and those with labels.
+SPLITS = {"sst2": SST2_SPLITS, "imdb": IMDB_SPLITS}
+LABELLED_SPLITS = {"sst2": ("train", "dev"), "imdb": ("train", "test")}
 DATASET_NAMES = {"sst2": "SST-2", "imdb": "IMDB"}
 
 _REVIEW_NAME = re.compile(r"^(\d+)_(\d+)\.txt$")
@@ -316,6 +320,11 @@ def dataset_files(name: str, data_dir: str | Path | None = None) -> dict[str, st
     if source.is_dir():
         return {str(source): "tree:" + tree_sha256(source)}
     return {str(source): sha256_file(source)}
+
+
+def dataset_record(name: str, data_dir: str | Path | None = None) -> dict:
+    """``{"path", "bytes", "sha256"}`` of the file a data set is read from (provenance of a run)."""
+    return file_record(find_data_file(DATASET_FILES[_dataset_key(name)], data_dir, download=False))
 
 
 def tree_sha256(folder: str | Path) -> str:

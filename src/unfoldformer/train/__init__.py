@@ -10,17 +10,19 @@
 - `load_classifier(path)` (`checkpoint`): a trained classifier with its embeddings, for inference
   (`unfoldformer.load` wraps it in a `Predictor`).
 
-Files written to `run.out_dir` (rank 0 only): `config.json` (resolved config), `checkpoint.pt`
-(full training state), `best.safetensors` + `best.json`, `last.safetensors` + `last.json`,
-`metrics.jsonl`, `metrics.csv`, `summary.json`. A frozen embedding table is not stored in the
-weights; its sha256 is, and the table is rebuilt from `data.embeddings` and checked on load.
+Files written to `run.out_dir` (rank 0 only, under the folder's lock; each carries the run id):
+`config.json` (resolved config, run id, data files read with size and sha256), `checkpoint.pt`
+(full training state, with checksums), `best.safetensors` + `best.json`, `last.safetensors` +
+`last.json` (with checksums), `metrics.jsonl`, `metrics.csv`, `summary.json`. A frozen embedding
+table is not stored in the weights; its sha256 is, and the table is rebuilt from `data.embeddings`
+and checked on load.
 """
 from __future__ import annotations
 
 from .checkpoint import CheckpointError, LoadedClassifier, load_classifier
 from .config import KINDS, ConfigError, TrainConfig
 from .evaluate import evaluate_checkpoint
-from .loop import train
+from .loop import TrainingDivergedError, train
 
-__all__ = ["CheckpointError", "ConfigError", "KINDS", "LoadedClassifier", "TrainConfig", "evaluate_checkpoint",
-           "load_classifier", "train"]
+__all__ = ["CheckpointError", "ConfigError", "KINDS", "LoadedClassifier", "TrainConfig", "TrainingDivergedError",
+           "evaluate_checkpoint", "load_classifier", "train"]

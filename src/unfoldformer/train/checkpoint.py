@@ -1,12 +1,17 @@
 """Checkpoints and weights: atomic training states (`checkpoint.pt`) and safetensors weights.
 
 - `save_train_state` / `load_train_state`: the full training state (config, model, optimiser,
-  scheduler, sampler position, RNG states, progress) via `torch.save`, written atomically; a
-  missing, truncated or foreign file raises `CheckpointError` naming it.
-- `save_weights` / `load_weights`: weights as safetensors with the config in its metadata, plus a
-  JSON sidecar. A frozen embedding table is not stored; its sha256 is (`table_sha256`).
+  scheduler, sampler position, RNG states, progress, run id) via `torch.save`, written atomically,
+  with the sha256 of every tensor and of all other values (`state_digests`) verified on load.
+- `save_weights` / `load_weights`: weights as safetensors with the config, the run id and the
+  sha256 of every tensor and of the metadata in its metadata, plus a JSON sidecar, verified on
+  load. A frozen embedding table is not stored; its sha256 is (`table_sha256`).
+- A missing, truncated, corrupt (checksum mismatch) or foreign file raises `CheckpointError`
+  naming the file and what failed. Files of version 0.1.0 carry no checksums: they are read,
+  marked `integrity: unverified` and announced by an `UnverifiedFileWarning`.
 - `load_classifier`: a run folder, weights file or checkpoint -> the classifier with its
-  embeddings, ready for inference (the embedding table is rebuilt and checked by sha256).
+  embeddings, ready for inference (the embedding table is rebuilt and checked by sha256; weights
+  and the folder's config.json must come from the same run).
 - `weights_sha256`, `_check_same_config`: what resuming and DDP runs compare.
 """
 from __future__ import annotations
@@ -15,6 +20,7 @@ import hashlib
 import io
 import json
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,16 +29,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import UnfoldformerError
+from ..errors import UnfoldformerError, UnverifiedFileWarning
 from ..utils import atomic_write_bytes, write_json
 from .config import RESUMABLE_CHANGES, ConfigError, TrainConfig
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "LoadedClassifier", "WEIGHTS_FORMAT",
-           "load_classifier", "load_train_state",
+           "check_same_run", "load_classifier", "saved_run_id", "load_train_state",
            "load_weights", "model_state", "restore_model_state", "save_train_state", "save_weights",
-           "table_sha256", "weights_sha256"]
+           "state_digests", "table_sha256", "tensor_sha256", "weights_sha256"]
 
-CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "unfoldformer-train-state", 1
+#: Version 2 adds checksums and the run id; version 1 (0.1.0) files are read unverified.
+CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "unfoldformer-train-state", 2
+READABLE_VERSIONS = (1, 2)
+VERIFIED, UNVERIFIED = "verified", "unverified (written by version 0.1.0, without checksums)"
 
 
 class CheckpointError(UnfoldformerError, RuntimeError):
@@ -41,6 +50,53 @@ class CheckpointError(UnfoldformerError, RuntimeError):
 
 def table_sha256(table: torch.Tensor) -> str:
     return hashlib.sha256(table.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes (any dtype, bfloat16 included)."""
+    t = t.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def state_digests(state: Any) -> dict[str, str]:
+    """sha256 of every tensor of a nested state (key path -> digest) and of all other values together
+    (key `<values>`, their paths and reprs; lists and tuples alike, so a round trip compares equal)."""
+    digests, values = {}, hashlib.sha256()
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            digests[path] = tensor_sha256(obj)
+        elif isinstance(obj, dict):
+            for key in sorted(obj, key=repr):
+                walk(obj[key], f"{path}/{key}")
+        elif isinstance(obj, (list, tuple)):
+            for i, item in enumerate(obj):
+                walk(item, f"{path}/{i}")
+        else:
+            values.update(f"{path}={obj!r}\n".encode())
+
+    walk(state, "")
+    digests["<values>"] = values.hexdigest()
+    return digests
+
+
+def _verify(path: Path, stored: dict, actual: dict) -> None:
+    """CheckpointError naming the file and the first entry whose checksum differs."""
+    bad = sorted(k for k in set(stored) | set(actual) if stored.get(k) != actual.get(k))
+    if bad:
+        what = ", ".join(("other values" if k == "<values>" else k.lstrip("/")) for k in bad[:3])
+        raise CheckpointError(f"{path}: corrupt: checksum mismatch in {what}"
+                              f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''} "
+                              f"({len(bad)} of {len(stored)} entries); the file changed after it was written, "
+                              "so restore a copy or start the run over")
+
+
+def _unverified(path: Path) -> str:
+    warnings.warn(f"{path}: written by version 0.1.0 without checksums; read without an integrity check",
+                  UnverifiedFileWarning, stacklevel=3)
+    return UNVERIFIED
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -67,21 +123,29 @@ WEIGHTS_FORMAT = "unfoldformer-weights"
 
 
 def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, embedding_sha: str | None = None) -> None:
-    """Weights as safetensors (config and `meta` in its metadata) plus a JSON sidecar `path.json`."""
+    """Weights as safetensors (config, `meta` and the checksums of every tensor and of the metadata in
+    its metadata) plus a JSON sidecar `path.json`."""
     from safetensors.torch import save
     sha = embedding_sha or table_sha256(_unwrap(model).embedding.weight)
     info = {"config": cfg.to_dict(), "embedding_sha256": sha, **meta}
-    metadata = {"format": WEIGHTS_FORMAT, "info": json.dumps(info)}
-    atomic_write_bytes(path, save(model_state(_unwrap(model), cfg), metadata=metadata))
+    state = model_state(_unwrap(model), cfg)
+    text = json.dumps(info)
+    checksums = {key: tensor_sha256(value) for key, value in state.items()}
+    checksums["<info>"] = hashlib.sha256(text.encode()).hexdigest()
+    metadata = {"format": WEIGHTS_FORMAT, "info": text, "checksums": json.dumps(checksums)}
+    atomic_write_bytes(path, save(state, metadata=metadata))
     write_json(path.with_suffix(".json"), info)
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig, dict]:
-    """(state dict, config, info) of a `.safetensors` weights file or a `checkpoint.pt` training state."""
+    """(state dict, config, info) of a `.safetensors` weights file or a `checkpoint.pt` training state,
+    checksums verified; `info["integrity"]` says whether they were (files of 0.1.0 have none)."""
     path = Path(path)
     if path.suffix == ".pt":
         state = load_train_state(path)
-        return state["model"], TrainConfig.from_dict(state["config"]), {"embedding_sha256": state["embedding_sha256"]}
+        info = {"embedding_sha256": state["embedding_sha256"], "run_id": state.get("run_id"),
+                "integrity": state["integrity"]}
+        return state["model"], TrainConfig.from_dict(state["config"]), info
     from safetensors import safe_open
     if not path.is_file():
         raise CheckpointError(f"{path}: no such weights file")
@@ -93,19 +157,36 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig
         raise CheckpointError(f"{path}: not a readable safetensors file (truncated or corrupt?): {exc}") from exc
     if metadata.get("format") != WEIGHTS_FORMAT:
         raise CheckpointError(f"{path}: not an unfoldformer weights file (no '{WEIGHTS_FORMAT}' metadata)")
-    info = json.loads(metadata["info"])
-    return tensors, TrainConfig.from_dict(info["config"]), info
+    if "checksums" in metadata:
+        try:
+            stored = json.loads(metadata["checksums"])
+        except ValueError:
+            raise CheckpointError(f"{path}: corrupt: its checksum table is not readable") from None
+        actual = {key: tensor_sha256(value) for key, value in tensors.items()}
+        actual["<info>"] = hashlib.sha256(metadata.get("info", "").encode()).hexdigest()
+        _verify(path, stored, actual)
+        integrity = VERIFIED
+    else:
+        integrity = _unverified(path)
+    try:
+        info = json.loads(metadata["info"])
+    except (KeyError, ValueError):
+        raise CheckpointError(f"{path}: corrupt: its metadata is not readable") from None
+    return tensors, TrainConfig.from_dict(info["config"]), {**info, "integrity": integrity}
 
 
 def save_train_state(path: Path, state: dict) -> None:
-    """Atomically write a full training state with `torch.save`."""
+    """Atomically write a full training state with `torch.save`, with its `state_digests`."""
     buffer = io.BytesIO()
-    torch.save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **state}, buffer)
+    full = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **state}
+    torch.save({**full, "checksums": state_digests(full)}, buffer)
     atomic_write_bytes(path, buffer.getvalue())
 
 
 def load_train_state(path: Path) -> dict:
-    """Read a training state; a missing, truncated or foreign file raises CheckpointError naming it."""
+    """Read a training state and verify its checksums; a missing, truncated, corrupt or foreign file
+    raises CheckpointError naming it and what failed. `state["integrity"]` says how it was checked."""
+    path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -114,9 +195,16 @@ def load_train_state(path: Path) -> dict:
         raise CheckpointError(f"{path}: cannot read checkpoint (truncated or corrupt?): {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: not an unfoldformer training checkpoint (format marker missing)")
-    if state.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
-    return state
+    if state.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not one of "
+                              f"{READABLE_VERSIONS} (written by another unfoldformer version?)")
+    if state["version"] == 1:
+        return {**state, "integrity": _unverified(path)}
+    stored = state.pop("checksums", None)
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{path}: corrupt: version {state['version']} checkpoint without its checksums")
+    _verify(path, stored, state_digests(state))
+    return {**state, "integrity": VERIFIED}
 
 
 def _rng_state() -> dict:
@@ -172,17 +260,35 @@ class LoadedClassifier:
     info: dict                  # metadata saved with the weights (metrics, embedding sha256)
 
 
+def saved_run_id(folder: Path) -> str | None:
+    """The run id in `folder/config.json` (None if absent, unreadable, or written before run ids)."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("resolved", {}).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_same_run(path: Path, run_id: str | None) -> None:
+    """CheckpointError if `path` and the config.json beside it were written by different runs."""
+    folder_run = saved_run_id(path.parent)
+    if run_id and folder_run and run_id != folder_run:
+        raise CheckpointError(f"{path}: written by run {run_id}, but {path.parent / 'config.json'} by run "
+                              f"{folder_run}: the folder mixes the files of two runs")
+
+
 def load_classifier(path: str | Path, data_dir: str | None = None) -> LoadedClassifier:
     """Load `path` (a run folder: its `best.safetensors`; a `.safetensors` file; a `checkpoint.pt`).
 
-    The embedding table is rebuilt from the saved `data.embeddings` (from `data_dir` or the saved data
-    folder for vocabularies built from data) and must match the sha256 stored with the weights.
+    Checksums are verified and the weights must come from the same run as the config.json beside
+    them. The embedding table is rebuilt from the saved `data.embeddings` (from `data_dir` or the
+    saved data folder for vocabularies built from data) and must match the sha256 stored with the weights.
     """
     from .build import build_classifier, load_embeddings_for
     path = Path(path)
     if path.is_dir():
         path = path / "best.safetensors"
     state, cfg, info = load_weights(path)
+    check_same_run(path, info.get("run_id"))
     if data_dir is not None:
         cfg = cfg.replace(data__data_dir=str(data_dir))
     cfg.validate()

@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ModelConfig
-from ..data.datasets import EVAL_SPLITS
+from ..data.datasets import EVAL_SPLITS, LABELLED_SPLITS
 from ..errors import ConfigError
-from ..utils import atomic_write_text
+from ..utils import atomic_write_text, check_device, check_output_location
 
 __all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection", "OptimSection", "RunSection",
            "TrainConfig"]
@@ -178,10 +178,16 @@ class TrainConfig:
         """The resolved encoder config (`model` section)."""
         return self.model.encoder_config()
 
-    def validate(self, check_data: bool = True, world_size: int = 1) -> None:
-        """Raise ConfigError for any invalid setting; with `check_data`, also when data files are missing."""
+    def validate(self, check_data: bool = True, world_size: int = 1, check_output: bool = False) -> None:
+        """Raise ConfigError for any invalid setting (each naming the setting and its range); with
+        `check_data`, also when data files are missing; with `check_output`, when `run.out_dir` cannot
+        be written (`utils.check_output_location`) or `run.device` is not available. Reads no data."""
         self._validate_numbers(world_size)
         self.model_config()
+        if check_output:
+            if self.run.device != "auto":
+                check_device("run.device", self.run.device)
+            check_output_location("run.out_dir", self.run.out_dir)
         if check_data:
             self._check_data()
 
@@ -199,13 +205,16 @@ class TrainConfig:
             (d.embedding_dim >= 1, f"data.embedding_dim must be >= 1, got {d.embedding_dim}"),
             (d.embeddings in ("minilm", "random") or d.embeddings.startswith("glove:"),
              f"unknown data.embeddings {d.embeddings!r}; valid: minilm, random, glove:PATH"),
-            (math.isfinite(o.lr) and o.lr > 0, f"optim.lr must be a positive number, got {o.lr}"),
-            (o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}"),
-            (o.warmup >= 0, f"optim.warmup must be >= 0 (fraction < 1 or steps >= 1), got {o.warmup}"),
+            (math.isfinite(o.lr) and o.lr > 0, f"optim.lr must be a finite number > 0, got {o.lr}"),
+            (math.isfinite(o.weight_decay) and o.weight_decay >= 0,
+             f"optim.weight_decay must be a finite number >= 0, got {o.weight_decay}"),
+            (math.isfinite(o.warmup) and o.warmup >= 0,
+             f"optim.warmup must be a finite number >= 0 (fraction < 1 or steps >= 1), got {o.warmup}"),
             (0 <= o.min_lr_ratio <= 1, f"optim.min_lr_ratio must lie in [0, 1], got {o.min_lr_ratio}"),
             (o.epochs >= 1, f"optim.epochs must be >= 1, got {o.epochs}"),
             (o.batch_size >= 1, f"optim.batch_size must be >= 1, got {o.batch_size}"),
-            (o.grad_clip is None or o.grad_clip > 0, f"optim.grad_clip must be > 0 or null, got {o.grad_clip}"),
+            (o.grad_clip is None or (math.isfinite(o.grad_clip) and o.grad_clip > 0),
+             f"optim.grad_clip must be a finite number > 0 or null, got {o.grad_clip}"),
             (o.chunk_batches >= 1, f"optim.chunk_batches must be >= 1, got {o.chunk_batches}"),
             (o.batch_size % world_size == 0,
              f"optim.batch_size={o.batch_size} (the global batch) must be divisible by the {world_size} processes"),
@@ -221,7 +230,7 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        splits = {"sst2": ("train", "dev"), "imdb": ("train", "test")}[d.dataset]
+        splits = LABELLED_SPLITS[d.dataset]
         for name, split in (("data.train_split", d.train_split), ("data.eval_split", self.eval_split)):
             if split not in splits:
                 raise ConfigError(f"{name}={split!r} is not a labelled split of {d.dataset} ({', '.join(splits)})")
@@ -232,8 +241,10 @@ class TrainConfig:
         try:
             find_data_file(DATASET_FILES[self.data.dataset], self.data.data_dir, download=self.data.download)
         except DataNotFoundError as exc:
-            raise ConfigError(f"data for data.dataset={self.data.dataset!r} is missing (set data.data_dir, e.g. "
-                              f"--data.data_dir DIR, or --data.download true): {exc}") from exc
+            folder = self.data.data_dir
+            typo = folder is not None and not Path(folder).expanduser().exists()
+            fetch = "" if typo else "; or let train fetch it: --data.download true"
+            raise ConfigError(f"data for data.dataset={self.data.dataset!r} is missing: {exc}{fetch}") from None
         spec = self.data.embeddings
         if spec.startswith("glove:") and not Path(spec[6:]).expanduser().is_file():
             raise ConfigError(f"data.embeddings: word-vector file {spec[6:]} not found")

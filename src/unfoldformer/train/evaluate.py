@@ -15,9 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data import LABELLED_SPLITS, dataset_record
 from ..data.batching import TokenizedDataset, eval_batches, seeded_subset
 from ..descent import DescentCounts, descent_tolerance
+from ..errors import ConfigError
 from ..model import UnfoldedTransformer
+from ..utils import check_at_least, check_device
 from .build import load_split
 from .checkpoint import _unwrap, load_classifier
 from .config import TrainConfig
@@ -111,15 +114,27 @@ def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: st
     `path`: a `.safetensors` file, a `checkpoint.pt`, or a run folder (its `best.safetensors`).
     Defaults come from the saved config: split = its eval split, max_length = its max_length
     (`full_length=True`: no truncation). `safeguard`: whole-layer descent by backtracking.
+    Sizes must be >= 1, the device present and the split labelled (ConfigError, before any data
+    is read). The result names the weights, their run id and integrity, and the data file read.
     """
+    for name, value in (("max_length", max_length), ("batch_size", batch_size), ("max_examples", max_examples)):
+        check_at_least(name, value, optional=True)
+    if full_length and max_length is not None:
+        raise ConfigError("max_length and full_length exclude each other")
+    check_device("device", device)
     loaded = load_classifier(path, data_dir=data_dir)
     cfg, model = loaded.config, loaded.model.to(device)
     split = split or cfg.eval_split
+    if split not in LABELLED_SPLITS[cfg.data.dataset]:
+        raise ConfigError(f"split {split!r} of {cfg.data.dataset} has no labels to evaluate against; labelled "
+                          f"splits: {', '.join(LABELLED_SPLITS[cfg.data.dataset])}")
     ds = load_split(cfg, loaded.embeddings, split, max_examples)
-    length = None if full_length else (max_length or cfg.data.max_length)
+    length = None if full_length else (cfg.data.max_length if max_length is None else max_length)
     batches = eval_batches(ds.lengths(length), batch_size or cfg.run.eval_batch_size)
     sums = evaluate(model, ds, batches, length, loaded.embeddings.pad_id, torch.device(device), energies,
                     safeguard, progress)
     unfolded = isinstance(model.encoder, UnfoldedTransformer)
-    return {**sums.result(), "checkpoint": str(loaded.path), "kind": cfg.model.kind, "dataset": cfg.data.dataset,
-            "split": split, "max_length": length, "safeguard": bool(safeguard) if unfolded else None}
+    return {**sums.result(), "checkpoint": str(loaded.path), "run_id": loaded.info.get("run_id"),
+            "integrity": loaded.info.get("integrity"), "kind": cfg.model.kind, "dataset": cfg.data.dataset,
+            "split": split, "max_length": length, "safeguard": bool(safeguard) if unfolded else None,
+            "data_files": [dataset_record(cfg.data.dataset, cfg.data.data_dir)]}

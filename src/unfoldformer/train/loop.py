@@ -4,6 +4,12 @@
 evaluation each epoch (or every `run.eval_every` steps), metrics JSONL/CSV, best weights as
 safetensors; atomic, resumable checkpoints (bitwise-identical final weights on CPU); DDP under
 `torchrun` (rank 0 writes all files).
+
+Run folders: every setting (output folder writable, device present) is checked before the data
+is read; the folder is locked for the life of the run (`utils.folder_lock`), so a second run into
+it fails at once; every file of a run carries its run id, and a resume or an evaluation refuses
+files of another run. A run that produces a non-finite loss or non-finite weights stops with
+`TrainingDivergedError` (step, last finite loss, last checkpoint), whichever layer sees it first.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import math
 import os
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
-from ..utils import atomic_write_text, environment, write_json
+from ..errors import UnfoldformerError
+from ..utils import atomic_write_text, environment, folder_lock, new_run_id, write_json
 from .build import _seed_all, build_classifier, load_embeddings_for, load_split, lr_factor, make_optimizer, warmup_steps
 from .checkpoint import (
     CheckpointError,
@@ -34,13 +43,23 @@ from .checkpoint import (
     restore_model_state,
     save_train_state,
     save_weights,
+    saved_run_id,
     table_sha256,
     weights_sha256,
 )
 from .config import ConfigError, TrainConfig
 from .evaluate import EvalSums, encoder_depth, evaluate, in_training_eval_batches
 
-__all__ = ["DistInfo", "Trainer", "setup_distributed", "train"]
+__all__ = ["RUN_FILES", "DistInfo", "Trainer", "TrainingDivergedError", "setup_distributed", "train"]
+
+#: The files a run writes into `run.out_dir`.
+RUN_FILES = ("config.json", "checkpoint.pt", "best.safetensors", "best.json", "last.safetensors", "last.json",
+             "metrics.jsonl", "metrics.csv", "summary.json")
+
+
+class TrainingDivergedError(UnfoldformerError, FloatingPointError):
+    """Training produced a non-finite loss or non-finite weights (the message names the step and the
+    last checkpoint)."""
 
 
 @dataclass
@@ -62,8 +81,6 @@ def setup_distributed(cfg: TrainConfig) -> DistInfo:
     import torch.distributed as dist
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cfg.run.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run.device='cuda' but no CUDA device is available")
     cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
@@ -86,9 +103,7 @@ class Trainer:
         self.cfg, self.dist, self.resume = cfg, dist_info, resume
         self.out = Path(cfg.run.out_dir)
         self.ckpt_path = self.out / "checkpoint.pt"
-        if self.ckpt_path.exists() and not resume and not cfg.run.overwrite:
-            raise ConfigError(f"{self.out} already holds a run ({self.ckpt_path.name}); pass --resume to continue "
-                              "it, --run.overwrite true to start over, or choose another run.out_dir")
+        self.run_id, self._last_loss, self._checkpointed = new_run_id(), None, None
         self._prepare()
         if resume and self.ckpt_path.exists():
             self._load()
@@ -125,6 +140,10 @@ class Trainer:
     # --- checkpoints
     def _load(self) -> None:
         st = load_train_state(self.ckpt_path)
+        folder_run = saved_run_id(self.out)
+        if st.get("run_id") and folder_run and st["run_id"] != folder_run:
+            raise CheckpointError(f"{self.ckpt_path}: written by run {st['run_id']}, but {self.out / 'config.json'} "
+                                  f"by run {folder_run}: the folder mixes two runs; resume refused")
         _check_same_config(st["config"], self.cfg, self.ckpt_path)
         if st["embedding_sha256"] != self.table_sha:
             raise CheckpointError(f"{self.ckpt_path}: the embedding table differs from the one of the checkpoint")
@@ -133,6 +152,8 @@ class Trainer:
         self.scheduler.load_state_dict(st["scheduler"])
         self.sampler.load_state_dict(st["sampler"])
         self.state = st["progress"]
+        self.run_id = st.get("run_id") or self.run_id                # version 0.1.0 checkpoints had none
+        self._checkpointed = self.state["step"]
         if not self.dist.main:                                    # rank 0 holds the global partial sums
             self.state.update(loss_sum=0.0, loss_count=0)
         _set_rng_state(st["rng"])
@@ -157,10 +178,11 @@ class Trainer:
         if not self.dist.main:
             return
         save_train_state(self.ckpt_path, {
-            "config": self.cfg.to_dict(), "model": model_state(self.model, self.cfg),
+            "config": self.cfg.to_dict(), "run_id": self.run_id, "model": model_state(self.model, self.cfg),
             "embedding_sha256": self.table_sha,
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(), "rng": _rng_state(), "progress": self.state})
+        self._checkpointed = self.state["step"]
 
     # --- loop
     def run(self) -> dict:
@@ -203,7 +225,8 @@ class Trainer:
         ids, mask, labels = self.train_ds.collate(part, cfg.data.max_length, self.embeddings.pad_id)
         ids, mask, labels = ids.to(d.device), mask.to(d.device), labels.to(d.device)
         start = time.perf_counter()
-        logits, _ = self.ddp(ids, mask)
+        with self._divergence_check():
+            logits, _ = self.ddp(ids, mask)
         loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
         # DDP averages gradients over ranks, so scaling by world / global batch gives the global mean.
         loss = loss_sum * (d.world / len(batch))
@@ -215,8 +238,8 @@ class Trainer:
         self.scheduler.step()
         value = loss_sum.item()
         if not math.isfinite(value):
-            raise FloatingPointError(f"non-finite training loss at step {self.state['step'] + 1} "
-                                     f"(rank {d.rank}); the last checkpoint is {self.ckpt_path}")
+            raise self._diverged(f"the training loss is {value} (rank {d.rank})")
+        self._last_loss = value / max(len(part), 1)
         self.state["train_time"] += time.perf_counter() - start
         lengths = self.train_lengths[batch]
         self.state.update(step=self.state["step"] + 1, loss_sum=self.state["loss_sum"] + value,
@@ -225,19 +248,47 @@ class Trainer:
                           padded_tokens=self.state["padded_tokens"] + int(lengths.max()) * len(batch))
         return value / max(len(part), 1)
 
+    # --- divergence
+    @contextmanager
+    def _divergence_check(self, step: int | None = None):
+        """Report a forward that fails on a value check (the layers' state checks see a non-finite state
+        first) as a divergence once the optimiser has changed the weights: the inputs are rows of a
+        finite table, so a non-finite state comes from the weights. Before the first step, or for
+        other errors, the error passes unchanged."""
+        try:
+            yield
+        except ValueError as exc:
+            finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+            if finite and self.state["step"] == 0:
+                raise
+            weights = "the weights are finite but too large" if finite else "the weights are no longer finite"
+            raise self._diverged(f"{weights} (the forward pass failed: {exc})", step) from None
+
+    def _diverged(self, what: str, step: int | None = None) -> TrainingDivergedError:
+        """The error of a run that diverged at `step` (default: the step being taken)."""
+        step, lr = self.state["step"] + 1 if step is None else step, self.cfg.optim.lr
+        last = "none yet" if self._last_loss is None else f"{self._last_loss:.4g}"
+        saved = (f"the last checkpoint is {self.ckpt_path} (step {self._checkpointed})"
+                 if self._checkpointed is not None else "no checkpoint was written yet")
+        return TrainingDivergedError(f"training diverged at step {step}: {what}; last finite training loss "
+                                     f"{last}; {saved}; lower optim.lr (now {lr:g}) or set optim.grad_clip")
+
     # --- evaluation and records
     def _record(self) -> None:
         import torch.distributed as dist
         d, st = self.dist, self.state
-        sums = evaluate(self.model, self.eval_ds, self.my_eval_batches, self.cfg.data.max_length,
-                        self.embeddings.pad_id, d.device, energies=False, progress=d.main and self.cfg.run.progress)
+        with self._divergence_check(step=st["step"]):          # evaluating the weights of this step
+            sums = evaluate(self.model, self.eval_ds, self.my_eval_batches, self.cfg.data.max_length,
+                            self.embeddings.pad_id, d.device, energies=False,
+                            progress=d.main and self.cfg.run.progress)
         acc = torch.tensor([st["loss_sum"], st["loss_count"]], dtype=torch.float64)
         if d.world > 1:                                           # one all_reduce for the eval sums and the loss
             both = torch.cat([sums.to_tensor(encoder_depth(self.model)), acc]).to(d.device)
             dist.all_reduce(both)
             sums, acc = EvalSums.from_tensor(both[:-2].cpu()), both[-2:].cpu()
         res = sums.result()
-        rec = {"step": st["step"], "epoch": round(self.sampler.epoch + self.sampler.batch_index / len(self.sampler), 4),
+        epoch = round(self.sampler.epoch + self.sampler.batch_index / len(self.sampler), 4)
+        rec = {"run_id": self.run_id, "step": st["step"], "epoch": epoch,
                "train_loss": float(acc[0]) / max(float(acc[1]), 1), "eval_loss": res["loss"],
                "eval_accuracy": res["accuracy"], "eval_n": res["n"], "lr": self.scheduler.get_last_lr()[0],
                "train_tokens": st["train_tokens"], "train_time_s": st["train_time"],
@@ -252,7 +303,8 @@ class Trainer:
             st["best"] = {k: rec[k] for k in ("step", "epoch", "eval_accuracy", "eval_loss")}
         if d.main:
             if improved:
-                save_weights(self.out / "best.safetensors", self.model, self.cfg, {"metrics": rec}, self.table_sha)
+                save_weights(self.out / "best.safetensors", self.model, self.cfg,
+                             {"run_id": self.run_id, "metrics": rec}, self.table_sha)
             self._write_metrics()
             _log(f"step {rec['step']} epoch {rec['epoch']:.2f}: train loss {rec['train_loss']:.4f}, "
                  f"{self.cfg.eval_split} acc {rec['eval_accuracy']:.4f} (loss {rec['eval_loss']:.4f}), "
@@ -268,8 +320,13 @@ class Trainer:
         writer.writerows(rows)
         atomic_write_text(self.out / "metrics.csv", text.getvalue())
 
+    def data_files(self) -> list[dict]:
+        """Provenance: path, size and sha256 of the data file and of the embedding files read."""
+        d = self.cfg.data
+        return [dataset_record(d.dataset, d.data_dir)] + [file_record(f) for f in self.embeddings.describe()["files"]]
+
     def _write_config(self) -> None:
-        extra = {"model": self.cfg.model_config().to_dict(),
+        extra = {"run_id": self.run_id, "data_files": self.data_files(), "model": self.cfg.model_config().to_dict(),
                  "parameters": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
                  "embeddings": self.embeddings.describe(), "train_examples": len(self.train_ds),
                  "eval_examples": len(self.eval_ds), "eval_split": self.cfg.eval_split,
@@ -288,14 +345,15 @@ class Trainer:
         self.state["rank_weights_sha256"] = digests
         self._checkpoint()
         if self.dist.main:
-            save_weights(self.out / "last.safetensors", self.model, self.cfg, {"metrics": self.state["metrics"][-1]},
-                         self.table_sha)
+            save_weights(self.out / "last.safetensors", self.model, self.cfg,
+                         {"run_id": self.run_id, "metrics": self.state["metrics"][-1]}, self.table_sha)
             write_json(self.out / "summary.json", self._summary())
         return self._summary()
 
     def _summary(self) -> dict:
         st = self.state
-        return {"kind": self.cfg.model.kind, "dataset": self.cfg.data.dataset, "steps": st["step"],
+        return {"run_id": self.run_id, "kind": self.cfg.model.kind, "dataset": self.cfg.data.dataset,
+                "data_files": self.data_files(), "steps": st["step"],
                 "best": st["best"], "final": st["metrics"][-1] if st["metrics"] else None,
                 "train_tokens": st["train_tokens"], "padded_tokens": st["padded_tokens"],
                 "train_time_s": st["train_time"], "tokens_per_s": st["train_tokens"] / max(st["train_time"], 1e-9),
@@ -305,21 +363,38 @@ class Trainer:
                 "out_dir": str(self.out)}
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> dict:
-    """Validate `cfg` (before anything else), train, and return the run summary.
+def _claim_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse a folder holding another run unless resuming it or starting over; starting over removes
+    that run's files first (so no file of it stays beside the new run's)."""
+    present = [name for name in RUN_FILES if (out / name).exists()]
+    if not present or (resume and "checkpoint.pt" in present):
+        return
+    if not overwrite:
+        hint = ("pass --resume to continue it, " if "checkpoint.pt" in present else
+                "it has no checkpoint to resume; ")
+        raise ConfigError(f"{out} already holds a run ({', '.join(present[:4])}); {hint}--run.overwrite true to "
+                          "start over, or choose another run.out_dir")
+    for name in present:
+        (out / name).unlink()
 
-    Under torchrun (WORLD_SIZE > 1) each process runs this; only rank 0 writes files.
+
+def train(cfg: TrainConfig, resume: bool = False) -> dict:
+    """Validate `cfg` (before anything else), lock the run folder, train, and return the run summary.
+
+    Under torchrun (WORLD_SIZE > 1) each process runs this; only rank 0 writes files and holds the lock.
     """
-    cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    if cfg.run.overwrite and not resume and int(os.environ.get("RANK", "0")) == 0:
-        (Path(cfg.run.out_dir) / "checkpoint.pt").unlink(missing_ok=True)
+    cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")), check_output=True)
+    main = int(os.environ.get("RANK", "0")) == 0
     import torch.distributed as dist
-    info = setup_distributed(cfg)
-    torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
-    if cfg.run.deterministic:
-        torch.use_deterministic_algorithms(True)
-    try:
-        return Trainer(cfg, info, resume).run()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with folder_lock(cfg.run.out_dir, "train") if main else nullcontext():
+        if main:
+            _claim_folder(Path(cfg.run.out_dir), resume, cfg.run.overwrite)
+        info = setup_distributed(cfg)
+        torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True)
+        try:
+            return Trainer(cfg, info, resume).run()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
