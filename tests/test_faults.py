@@ -17,9 +17,10 @@ import torch
 
 from conftest import TINY_TRAIN
 from unfoldformer import cli
+from unfoldformer.runs import MANIFEST_NAME
 from unfoldformer.train import TrainConfig, train
 from unfoldformer.train.checkpoint import load_train_state, load_weights
-from unfoldformer.utils import MANIFEST_NAME, file_sha256
+from unfoldformer.utils import file_sha256
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = [*TINY_TRAIN, "--model.ffn_hidden", "16", "--data.max_train_examples", "48", "--optim.epochs", "1"]

@@ -104,8 +104,8 @@ def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: in
 
     `max_length`: truncation of the inputs (default -1: the training length; None: full length).
     `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings)."""
+    from .runs import check_at_least
     from .train.checkpoint import load_classifier
-    from .utils import check_at_least
 
     if max_length != -1:
         check_at_least("max_length", max_length, optional=True)

@@ -47,7 +47,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def check_options(args: argparse.Namespace, *names: str, low: int = 1) -> None:
     """ConfigError naming the option (`--max-length`) for an integer option below `low` (unset is fine)."""
-    from ..utils import check_at_least
+    from ..runs import check_at_least
     for name in names:
         check_at_least(f"--{name.replace('_', '-')}", getattr(args, name), low, optional=True)
 

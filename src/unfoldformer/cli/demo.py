@@ -3,7 +3,7 @@
 Builds a preset (default `certified`), runs it on random inputs with padding, and prints
 E(Y⁽ᵗ⁾) per layer with the share of layer, attention and FFN steps that lower their
 energy. Writes nothing unless `--out` is given (then `demo.json`, `config.json` and
-`complete.json`, the folder built whole or not at all: `utils.staged_output`).
+`complete.json`, the folder built whole or not at all: `runs.staged_output`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 from ..config import PRESETS, ModelConfig
 from ..descent import descent_tolerance, share_lowered
 from ..model import UnfoldedTransformer
-from ..utils import check_output_location, staged_output, write_json
+from ..runs import check_output_location, staged_output
+from ..utils import write_json
 from . import check_options
 
 OUTPUT_FILES = ("config.json", "demo.json")

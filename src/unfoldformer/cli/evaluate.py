@@ -34,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
+    from ..runs import check_device, check_output_location
     from ..train import evaluate_checkpoint
-    from ..utils import check_device, check_output_location, write_json
+    from ..utils import write_json
     from . import check_options
 
     check_options(args, "max_length", "batch_size", "max_examples")

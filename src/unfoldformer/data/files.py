@@ -37,7 +37,6 @@ accepted for ``SST-2.zip`` only if it is a valid zip holding
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import tempfile
 import urllib.request
@@ -48,6 +47,7 @@ from typing import IO
 from tqdm import tqdm
 
 from ..errors import UnfoldformerError
+from ..utils import file_sha256
 
 __all__ = [
     "DATA_URLS",
@@ -116,11 +116,7 @@ def sha256_file(path: str | Path) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def file_record(path: str | Path) -> dict:

@@ -7,7 +7,7 @@ wall time, the released-code defects), `results.json` (every number; determinist
 seed), `timings.json` (wall times, kept apart so results.json files compare equal) and
 `config.json` (the resolved settings). Figures 5–6 run on the data sets of `settings.datasets`.
 Torch and BLAS run on `settings.threads` threads. The folder is built whole or not at all
-(`utils.staged_output`, with `complete.json`): a failed or killed run leaves an earlier output as it was.
+(`runs.staged_output`, with `complete.json`): a failed or killed run leaves an earlier output as it was.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_files, load_dataset, load_embeddings
-from ..utils import atomic_write_text, check_output_location, jsonable, staged_output, torch_threads, write_json
+from ..runs import check_output_location, staged_output
+from ..utils import atomic_write_text, jsonable, torch_threads, write_json
 from . import fig1_apollonius, fig4_kappa, fig23_alternating
 from . import fig56_energy_curves as fig56
 from .report import render_report

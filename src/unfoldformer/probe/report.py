@@ -14,7 +14,7 @@ writes, into `settings.out`:
 - `probe.md` (tables, definitions, data file, wall time), `probe.json` (all numbers, per-sample
   energies), `config.json` (the resolved `ProbeSettings`, the model folder, the data file read
   with its size and sha256), `complete.json` (every file with its sha256).
-The folder is built whole or not at all (`utils.staged_output`): the settings, the model folder,
+The folder is built whole or not at all (`runs.staged_output`): the settings, the model folder,
 the data file and the output location are checked before any work, and a failure leaves an
 earlier report as it was. Definitions of every measure are in the docstring of `unfoldformer.probe`.
 """
@@ -31,7 +31,8 @@ from ..data import EVAL_SPLITS, dataset_record, load_dataset, seeded_subset
 from ..data.datasets import SPLITS
 from ..errors import ConfigError
 from ..plots import lowest_whisker, pyplot, save_figure
-from ..utils import atomic_write_text, check_output_location, staged_output, write_json
+from ..runs import check_output_location, staged_output
+from ..utils import atomic_write_text, write_json
 
 __all__ = ["OUTPUT_FILES", "ProbeSettings", "render_markdown", "run_probe", "sample_texts"]
 

@@ -25,7 +25,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ..config import ModelConfig
 from ..data.datasets import EVAL_SPLITS, LABELLED_SPLITS
 from ..errors import ConfigError
-from ..utils import atomic_write_text, check_device, check_output_location
+from ..runs import check_device, check_output_location
+from ..utils import atomic_write_text
 
 __all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection", "OptimSection", "RunSection",
            "TrainConfig"]
@@ -181,7 +182,7 @@ class TrainConfig:
     def validate(self, check_data: bool = True, world_size: int = 1, check_output: bool = False) -> None:
         """Raise ConfigError for any invalid setting (each naming the setting and its range); with
         `check_data`, also when data files are missing; with `check_output`, when `run.out_dir` cannot
-        be written (`utils.check_output_location`) or `run.device` is not available. Reads no data."""
+        be written (`runs.check_output_location`) or `run.device` is not available. Reads no data."""
         self._validate_numbers(world_size)
         self.model_config()
         if check_output:

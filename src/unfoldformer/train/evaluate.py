@@ -20,7 +20,7 @@ from ..data.batching import TokenizedDataset, eval_batches, seeded_subset
 from ..descent import DescentCounts, descent_tolerance
 from ..errors import ConfigError
 from ..model import UnfoldedTransformer
-from ..utils import check_at_least, check_device
+from ..runs import check_at_least, check_device
 from .build import load_split
 from .checkpoint import _unwrap, load_classifier
 from .config import TrainConfig

@@ -6,7 +6,7 @@ safetensors; atomic, resumable checkpoints (bitwise-identical final weights on C
 `torchrun` (rank 0 writes all files).
 
 Run folders: every setting (output folder writable, device present) is checked before the data
-is read; the folder is locked for the life of the run (`utils.folder_lock`), so a second run into
+is read; the folder is locked for the life of the run (`runs.folder_lock`), so a second run into
 it fails at once; every file of a run carries its run id, and a resume or an evaluation refuses
 files of another run. A run that produces a non-finite loss or non-finite weights stops with
 `TrainingDivergedError` (step, last finite loss, last checkpoint), whichever layer sees it first.
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
-from ..utils import atomic_write_text, environment, folder_lock, new_run_id, write_json
+from ..runs import folder_lock, new_run_id
+from ..utils import atomic_write_text, environment, write_json
 from .build import _seed_all, build_classifier, load_embeddings_for, load_split, lr_factor, make_optimizer, warmup_steps
 from .checkpoint import (
     CheckpointError,

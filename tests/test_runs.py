@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from unfoldformer.errors import ConfigError, OutputError
-from unfoldformer.utils import (
+from unfoldformer.runs import (
     MANIFEST_NAME,
     check_at_least,
     check_device,
     check_output_location,
     config_sha256,
-    file_sha256,
     folder_lock,
     staged_output,
 )
+from unfoldformer.utils import file_sha256
 
 
 def siblings(folder):
@@ -44,7 +44,7 @@ def test_lock_excludes_a_second_holder_and_is_removed_on_exit(tmp_path):
 
 def test_lock_held_by_another_process_and_stale_after_it_dies(tmp_path, capsys):
     out = tmp_path / "run"
-    code = ("import sys, time; from unfoldformer.utils import folder_lock\n"
+    code = ("import sys, time; from unfoldformer.runs import folder_lock\n"
             f"with folder_lock({str(out)!r}, 'train'):\n    print('held', flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
