@@ -13,7 +13,8 @@ energies need ρ itself. Every member exposes both.
 | `truncated` | min(z, τ)                              | 1[z < τ] (supergradient)    |
 
 `custom_rho(fn)` wraps any callable; ρ' comes from autograd when not given.
-`check_rho` verifies concavity and monotonicity numerically and says what fails.
+`check_rho` verifies concavity and monotonicity numerically and says what fails;
+`register_rho` makes a checked custom ρ nameable in configs (`ModelConfig(rho="mine")`).
 """
 from __future__ import annotations
 
@@ -138,8 +139,32 @@ RHO_FAMILY: dict[str, Callable[..., Rho]] = {
 }
 
 
+BUILT_IN = tuple(RHO_FAMILY)
+
+
+def register_rho(rho: Rho, *, check: bool = True) -> str:
+    """Make a user ρ (e.g. `custom_rho(fn, name="sqrt")`) known by its name, so configs can name it.
+
+    After `register_rho(r)`, `ModelConfig(rho=r.name)`, training configs and saved runs that name it
+    resolve to `r` in this process (register it again before loading such a run elsewhere). With
+    `check` the ρ must pass `check_rho` (concave, non-decreasing, ρ' = dρ/dz). Built-in names cannot
+    be replaced; registering the same name again replaces the earlier user ρ. Returns the name.
+    """
+    if not isinstance(rho, Rho):
+        raise TypeError(f"register_rho needs a Rho (e.g. custom_rho(fn, name=...)), got {type(rho).__name__}")
+    if rho.name in BUILT_IN:
+        raise ValueError(f"{rho.name!r} is a built-in rho; give the custom one another name")
+    if check:
+        result = check_rho(rho)
+        if not result:
+            raise ValueError(f"rho {rho.name!r} fails the checks: {'; '.join(result.problems)}")
+    RHO_FAMILY[rho.name] = lambda: rho
+    return rho.name
+
+
 def get_rho(rho: str | Rho, **params) -> Rho:
-    """Resolve a name (``"exp"``, ``"log"``, ``"linear"``, ``"lp"``, ``"truncated"``) or a `Rho`."""
+    """Resolve a name (``"exp"``, ``"log"``, ``"linear"``, ``"lp"``, ``"truncated"``, or one given to
+    `register_rho`) or a `Rho`."""
     if isinstance(rho, Rho):
         return rho
     if not isinstance(rho, str) or rho not in RHO_FAMILY:
