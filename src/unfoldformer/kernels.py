@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .rho import Rho
 
@@ -85,6 +86,7 @@ class _KernelSums(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         """dV = Kᵀ G_S; dK_ij = G_S,i · v_j; dz = dK ρ''(z); da_i = Σ_j (dz_ij + dz_ji)(a_i − a_j)."""
         a, V = ctx.saved_tensors

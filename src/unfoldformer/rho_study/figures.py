@@ -17,7 +17,7 @@ DYNAMICS_TITLES = {"model": "model layers (anchored attention + FFN)", "anchored
                    "attention": "attention steps without anchor"}
 MEASURES = (("cosine", "mean pairwise cosine similarity"), ("effective_rank", "effective rank of Y⁽ᵗ⁾"),
             ("spread_retained", "spread retained (distance to mean, / t = 0)"),
-            ("descent_share", "energy descent reached: (E(0) − E(t)) / (E(0) − E(T))"))
+            ("energy_by_first_step", "energy: (E(t) − E(0)) / |E(1) − E(0)|"))
 
 
 def _colors(rhos: list[str]) -> dict[str, str]:
@@ -105,27 +105,29 @@ def plot_dynamics(sources: dict, rhos: list[str], kind: str, path: Path) -> None
             ax.title.set_fontsize(8)
             ax.legend(fontsize=6)
     fig.suptitle(DYNAMICS_TITLES[kind], fontsize=10)
-    fig.subplots_adjust(left=0.05, right=0.99, top=0.9, bottom=0.08, hspace=0.45, wspace=0.22)
+    height = 3.1 * len(labels)
+    fig.subplots_adjust(left=0.05, right=0.99, top=1 - 0.55 / height, bottom=0.5 / height, hspace=0.45, wspace=0.22)
     save_figure(fig, path, dpi=DPI)
 
 
 def plot_sweep(sources: dict, rhos: list[str], times: tuple[int, ...], path: Path) -> None:
-    """Random-init: spread retained after t steps against the median head distance at t = 0, per ρ."""
+    """Random-init: spread retained after t steps (rows) against the median head distance at t = 0, per ρ,
+    for the three attention-only sequences (columns)."""
     plt = pyplot()
     colors = _colors(rhos)
     kinds = ("attention", "anchored_unit", "anchored")
-    fig, axes = plt.subplots(1, len(kinds) * len(times), figsize=(3.8 * len(kinds) * len(times), 3.4), squeeze=False)
-    for i, (kind, t) in enumerate((k, t) for k in kinds for t in times):
-        ax = axes[0][i]
-        for rho in rhos:
-            res = sources["random"][rho]
-            if "missing" in res or "sweep" not in res:
-                continue
-            ys = [res["sweep"][str(z)]["dynamics"][kind]["at"].get(t, {}).get("spread_retained") for z in SWEEP_Z]
-            ax.plot(SWEEP_Z, [np.nan if y is None else y for y in ys], "o-", color=colors[rho], label=rho)
-        ax.set(xscale="log", xlabel="median head distance z at t = 0", ylabel="spread retained",
-               title=f"{DYNAMICS_TITLES[kind]}, t = {t}")
-        ax.title.set_fontsize(8)
-        ax.legend(fontsize=6)
-    fig.subplots_adjust(left=0.05, right=0.99, top=0.88, bottom=0.16, wspace=0.3)
+    fig, axes = plt.subplots(len(times), len(kinds), figsize=(4.4 * len(kinds), 3.3 * len(times)), squeeze=False)
+    for row, t in zip(axes, times):
+        for ax, kind in zip(row, kinds):
+            for rho in rhos:
+                res = sources["random"][rho]
+                if "missing" in res or "sweep" not in res:
+                    continue
+                ys = [res["sweep"][str(z)]["dynamics"][kind]["at"].get(t, {}).get("spread_retained") for z in SWEEP_Z]
+                ax.plot(SWEEP_Z, [np.nan if y is None else y for y in ys], "o-", color=colors[rho], label=rho)
+            ax.set(xscale="log", xlabel="median head distance z at t = 0", ylabel="spread retained", ylim=(-0.03, 1.03),
+                   title=f"{DYNAMICS_TITLES[kind]}, t = {t}")
+            ax.title.set_fontsize(8)
+            ax.legend(fontsize=6)
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.94, bottom=0.09, hspace=0.4, wspace=0.25)
     save_figure(fig, path, dpi=DPI)

@@ -153,8 +153,9 @@ class Dynamics:
 
     def summary(self, times: tuple[int, ...]) -> dict:
         """Means per t of the diversity measures and of the spread retained spread(t) / spread(0); with energies,
-        the share of the total descent reached, (E(0) − E(t)) / (E(0) − E(T)), the relative change
-        (E(T) − E(0)) / |E(0)| and the share of sentences whose energy never rises (1e-6 relative allowance)."""
+        the change in units of the first step's, (E(t) − E(0)) / |E(1) − E(0)| (−1 at t = 1), the relative
+        change (E(T) − E(0)) / |E(0)| and the share of sentences whose energy never rises (1e-6 relative
+        allowance)."""
         a = self.arrays()
         retained = a["spread"] / np.where(a["spread"][:, :1] > 0, a["spread"][:, :1], np.nan)
         curve = lambda v: np.nanmean(v, 0).tolist()                     # noqa: E731
@@ -167,9 +168,9 @@ class Dynamics:
         e = a["energy"]
         if np.isnan(e).all():
             return out
-        drop = e[:, :1] - e[:, -1:]                                     # total descent E(0) − E(T)
         tol = 1e-6 * (1 + np.abs(e[:, :-1]))
-        out.update(descent_share=curve((e[:, :1] - e) / np.where(np.abs(drop) > 0, drop, np.nan)),
+        first = e[:, 1:2] - e[:, :1]                                   # the first step's change E(1) − E(0)
+        out.update(energy_by_first_step=curve((e - e[:, :1]) / np.where(np.abs(first) > 0, np.abs(first), np.nan)),
                    relative_energy_change=float(np.mean((e[:, -1] - e[:, 0]) / np.abs(e[:, 0]).clip(1e-300))),
                    energy_monotone_share=float(np.mean(np.all(np.diff(e, axis=1) <= tol, axis=1))))
         return out
