@@ -160,6 +160,7 @@ def _numbers(path):
     return data
 
 
+@pytest.mark.slow
 def test_quick_study_writes_everything_repeatably_and_reads_result_files(tmp_path, sst2_dir, tiny, registry):
     """A user ρ from Python end to end: quick study (trains its models), the same numbers from the same seed,
     then the full study reading a trained model from an accuracy-benchmark result file."""

@@ -9,9 +9,10 @@ With a value matrix [m_j c_j, m_j] (c_j = head coordinates, m_j = 1 for a real k
 one product gives both the numerator Σ_j β_ij c_j and the degree d_i = Σ_j β_ij of the step over
 real keys only (`weighted_average`), so no mask pass over the n × n weights is needed.
 
-Cost and memory. Distances come from one matrix product per block, z = ½‖a_i‖² + ½‖a_j‖² − a_i·a_j
-(`torch.baddbmm`, never the O(n²·k) pair differences); ρ' is applied in place (`Rho.derivative_inplace`
-for the built-in family); queries run in blocks of `chunk` rows, so the working set is
+Cost and memory. Distances come from one matrix product per block, z = ½‖a_i‖² + ½‖a_j‖² − a_i·a_j, of
+augmented rows [−a_i, ½‖a_i‖², 1] and columns [a_j, 1, ½‖a_j‖²] (never the O(n²·k) pair differences);
+ρ' is applied in place (`Rho.derivative_inplace` for the built-in family); queries run in blocks of
+`chunk` rows, so the working set is
 O(B·H·chunk·n), never the n × n matrix of a head. The backward pass recomputes each block's
 weights from the saved inputs (O(n·k) memory) and uses ρ'' (`Rho.curvature`, else autograd of ρ').
 A constant kernel (ρ = z) needs no pairs at all: S_i = ρ'(0) Σ_j v_j.
