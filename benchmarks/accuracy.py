@@ -5,6 +5,11 @@ One (dataset, model, seed) cell per invocation, or every cell with `--all`::
     python benchmarks/accuracy.py --dataset sst2 --model certified-tied --seed 0
     python benchmarks/accuracy.py --dataset sst2 --model standard --max-train-examples 2000 --epochs 1
     python benchmarks/accuracy.py --all --seeds 0 1 2
+    python benchmarks/accuracy.py --dataset sst2 --model certified-tied --rho log
+
+`--rho` (default exp) sets the attention penalty ρ of the certified models (THEORY §4); every other
+setting stays that of the exp rows. A ρ ≠ exp cell is named `<dataset>-<model>-rho_<ρ>-seed<k>.json`, so
+it never replaces an exp result, and with `--all` the models default to the two certified ones.
 
 The setting (identical for all four models): width 128, depth 6, 4 heads, FFN width 512 (the
 paper model's symmetric F1 FFN is d x d and has no hidden width); the frozen MiniLM 384-d
@@ -55,6 +60,7 @@ from pathlib import Path
 import torch
 
 from unfoldformer.data.files import cache_dir
+from unfoldformer.rho import RHO_FAMILY
 from unfoldformer.train import KINDS, TrainConfig, evaluate_checkpoint, train
 from unfoldformer.utils import atomic_write_bytes, environment
 
@@ -73,16 +79,27 @@ MODEL = {"d_model": 128, "depth": 6, "n_heads": 4, "ffn_hidden": 512}
 OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "grad_clip": 1.0}
 
 
-def model_section(kind: str) -> dict:
-    """The benchmark's `model` config section for `kind` (the paper's F1 FFN has no hidden width)."""
-    return {"kind": kind, **{k: v for k, v in MODEL.items() if not (kind == "paper" and k == "ffn_hidden")}}
+RHO_MODELS = ("certified-tied", "certified-untied")   # the models that take a ρ other than exp
+
+
+def model_section(kind: str, rho: str = "exp") -> dict:
+    """The benchmark's `model` config section for `kind` (the paper's F1 FFN has no hidden width)
+    with attention penalty `rho` (left to the preset, exp, unless another is named)."""
+    section = {"kind": kind, **{k: v for k, v in MODEL.items() if not (kind == "paper" and k == "ffn_hidden")}}
+    return section if rho == "exp" else {**section, "rho": rho}
+
+
+def cell_name(dataset: str, model: str, seed: int, rho: str = "exp", reduced: bool = False) -> str:
+    """Result and run-folder name of a cell; exp cells keep their original names."""
+    return (f"{dataset}-{model}" + ("" if rho == "exp" else f"-rho_{rho}") + f"-seed{seed}"
+            + ("-reduced" if reduced else ""))
 
 
 def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
     """The benchmark's TrainConfig for one cell (with the reduced-budget overrides, if any)."""
     setting = DATASETS[dataset]
     cfg = TrainConfig.from_dict({
-        "model": model_section(model),
+        "model": model_section(model, args.rho),
         "data": {"dataset": dataset, "data_dir": args.data_dir, "max_length": setting["max_length"],
                  "embeddings": "minilm", "max_train_examples": args.max_train_examples,
                  "max_eval_examples": args.max_eval_examples},
@@ -109,7 +126,7 @@ def git_commit() -> str | None:
 def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> Path:
     """Train and evaluate one cell; returns the path of its result JSON."""
     reduced = is_reduced(args)
-    name = f"{dataset}-{model}-seed{seed}" + ("-reduced" if reduced else "")
+    name = cell_name(dataset, model, seed, args.rho, reduced)
     work = Path(args.work_dir) / name
     cfg = cell_config(dataset, model, seed, args, work)
     if not args.resume and (work / "checkpoint.pt").exists():
@@ -126,7 +143,8 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
         print(f"warning: {name}: in-training final accuracy {in_training:.6f} differs from the re-evaluation "
               f"with the preset's safeguard setting ({matching:.6f})", file=sys.stderr)
     record = {
-        "dataset": dataset, "model": model, "seed": seed, "budget": "reduced" if reduced else "full",
+        "dataset": dataset, "model": model, "rho": args.rho, "seed": seed,
+        "budget": "reduced" if reduced else "full",
         "accuracy": evals.pop("accuracy"), "accuracy_safeguard": evals.pop("accuracy_safeguard"),
         "safeguard_preset": preset, "best_accuracy": summary["best"]["eval_accuracy"],
         "in_training_accuracy": in_training, "in_training_eval_safeguard": preset, "in_training_check": check,
@@ -145,8 +163,7 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
         "machine": {**environment(), "threads": torch.get_num_threads()}, "git_commit": git_commit(),
         "run_dir": str(work),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = Path(args.results) / f"{name}.json"
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
     return path
 
@@ -224,8 +241,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--all", action="store_true", help="every (dataset, model, seed) cell without a result yet")
     p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=sorted(DATASETS, reverse=True))
-    p.add_argument("--models", nargs="+", choices=KINDS, default=list(KINDS))
+    p.add_argument("--models", nargs="+", choices=KINDS, help="default: all four (exp) or the certified ones")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--rho", choices=sorted(RHO_FAMILY), default="exp",
+                   help=f"attention penalty of the certified models ({', '.join(RHO_MODELS)}); default exp")
+    p.add_argument("--results", default=str(RESULTS), help="folder of the result JSON files")
     p.add_argument("--force", action="store_true", help="with --all: rerun cells that already have a result")
     p.add_argument("--max-train-examples", type=int, help="reduced budget: a fixed random subset of train")
     p.add_argument("--max-eval-examples", type=int, help="reduced budget: a fixed random subset of eval")
@@ -240,6 +260,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.all and not (args.dataset and args.model):
         p.error("give --dataset and --model (one cell) or --all")
+    if args.models is None:
+        args.models = list(KINDS) if args.rho == "exp" else list(RHO_MODELS)
+    asked = set(args.models) | ({args.model} if args.model else set())
+    wrong = sorted(asked - set(RHO_MODELS)) if args.rho != "exp" else []
+    if wrong:
+        p.error(f"--rho {args.rho} applies to {', '.join(RHO_MODELS)} only, not {', '.join(wrong)}")
     return args
 
 
@@ -247,9 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cells = ([(d, m, s) for d in args.datasets for m in args.models for s in args.seeds] if args.all
              else [(args.dataset, args.model, args.seed)])
-    suffix = "-reduced" if is_reduced(args) else ""
     for dataset, model, seed in cells:
-        existing = RESULTS / f"{dataset}-{model}-seed{seed}{suffix}.json"
+        existing = Path(args.results) / f"{cell_name(dataset, model, seed, args.rho, is_reduced(args))}.json"
         if args.all and existing.exists() and not args.force:
             print(f"skip {existing.name} (exists)", file=sys.stderr)
             continue

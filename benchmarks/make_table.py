@@ -2,14 +2,15 @@
 
     python benchmarks/make_table.py [--results DIR] [--output FILE]
 
-One row per (budget, model): accuracy per dataset as mean ± sample std over seeds (a single value
+One row per (budget, model, ρ): accuracy per dataset as mean ± sample std over seeds (a single value
 when there is one seed; the seed count in parentheses) of the trained function (safeguard off,
 the main column) and, as an extra column, with the backtracking safeguard on; IMDB full-length
 accuracy (both); training tokens/s and the throughput ratio to the standard Transformer on the
 same dataset and budget; energy statistics with the safeguard off and on, the share of layer steps
 the safeguard shortened, and its inference cost (safeguard-on evaluation time / plain inference).
 Full-budget and reduced runs are never pooled: reduced rows go to their own table, with the
-budget that was run (examples, epochs) stated.
+budget that was run (examples, epochs) stated. Certified models trained with another attention
+penalty ρ (`accuracy.py --rho`) get their own rows after the exp row of the same model.
 """
 from __future__ import annotations
 
@@ -21,17 +22,43 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("certified-tied", "certified-untied", "paper", "standard")
+RHO_MODELS = ("certified-tied", "certified-untied")   # trained with every ρ (`accuracy.py --rho`)
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer"}
 DATASET_NAMES = {"sst2": "SST-2 dev", "imdb": "IMDB test"}
+RHO_NAMES = {"exp": "exp (softmax)", "log": "log(z + 2)", "lp": "ℓ_p (p = 1)", "truncated": "min(z, 1)",
+             "linear": "z (uniform)"}
 
 
-def load_speed(path: Path) -> dict | None:
-    """{n: {model: median step time}} from the side-by-side training-speed benchmark, if present."""
-    if not path.is_file():
-        return None
-    raw = json.loads(path.read_text())
-    return {int(n): {k: statistics.median(v) for k, v in times.items()} for n, times in raw["step_times_s"].items()}
+def row_key(rec: dict) -> tuple[str, str]:
+    """(model, ρ) of a result; files written before ρ was recorded are exp."""
+    return rec["model"], rec.get("rho", "exp")
+
+
+def row_name(key: tuple[str, str]) -> str:
+    model, rho = key
+    return NAMES[model] if rho == "exp" else f"{NAMES[model]}, ρ = {RHO_NAMES.get(rho, rho)}"
+
+
+def speed_key(key: tuple[str, str]) -> str:
+    """The key of a model in the side-by-side speed file (`train_speed.py`, with `--rho`)."""
+    model, rho = key
+    return model if rho == "exp" else f"{model}:{rho}"
+
+
+def load_speed(*paths: Path) -> dict | None:
+    """{n: {model: standard's median step time / the model's}} from the side-by-side training-speed files
+    (`train_speed.json`; `train_speed_rho.json` for the ρ rows), each ratio taken within one file."""
+    out: dict = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        raw = json.loads(path.read_text())
+        for n, times in raw["step_times_s"].items():
+            base = statistics.median(times["standard"])
+            for k, v in times.items():
+                out.setdefault(int(n), {}).setdefault(k, base / statistics.median(v))
+    return out or None
 
 
 def load_results(folder: Path) -> list[dict]:
@@ -54,11 +81,13 @@ def group(records: list[dict]) -> dict:
     for rec in records:
         budget = "full" if rec["budget"] == "full" else (
             f"reduced: {rec['train_examples']} train / {rec['eval_examples']} eval examples, {rec['epochs']} epoch(s)")
-        out[budget][rec["dataset"]][rec["model"]].append(rec)
+        out[budget][rec["dataset"]][row_key(rec)].append(rec)
     return out
 
 
-def table(by_dataset: dict, speed: dict | None = None) -> str:
+def table(by_dataset: dict, speed: dict | None = None, every_rho: bool = False) -> str:
+    """One budget's table; with `every_rho` the certified models get a row for every ρ of the family,
+    "not run yet" where a cell has no result."""
     datasets = [d for d in DATASET_NAMES if d in by_dataset]
     head = ["model"]
     for d in datasets:
@@ -71,10 +100,13 @@ def table(by_dataset: dict, speed: dict | None = None) -> str:
                                "every layer descends (%)", "backtracked layer steps, safeguard on (%)",
                                "safeguard inference cost")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for model in MODELS:
-        if not any(model in by_dataset[d] for d in datasets):
-            continue
-        lines.append("| " + " | ".join([NAMES[model]] + row(model, by_dataset, datasets, speed)) + " |")
+    present = {key for d in datasets for key in by_dataset[d]}
+    if every_rho:
+        present |= {(model, rho) for model in RHO_MODELS for rho in RHO_NAMES}
+    order = list(RHO_NAMES)
+    for key in sorted(present, key=lambda k: (MODELS.index(k[0]), order.index(k[1]) if k[1] in order else len(order),
+                                              k[1])):
+        lines.append("| " + " | ".join([row_name(key)] + row(key, by_dataset, datasets, speed)) + " |")
     return "\n".join(lines)
 
 
@@ -86,22 +118,23 @@ def _energy(recs: list[dict], key: str, stat: str) -> list[float]:
     return [r[key][stat] for r in recs if r.get(key) and r[key].get(stat) is not None]
 
 
-def row(model: str, by_dataset: dict, datasets: list[str], side_by_side: dict | None = None) -> list[str]:
+def row(key: tuple[str, str], by_dataset: dict, datasets: list[str], side_by_side: dict | None = None) -> list[str]:
     cells, per_dataset = [], []
     na = lambda values, **kw: mean_std(values, **kw) if values else "n/a"
     for d in datasets:
-        recs = by_dataset[d].get(model, [])
-        cells += [mean_std(_values(recs, "accuracy")), na(_values(recs, "accuracy_safeguard"))]
+        recs = by_dataset[d].get(key, [])
+        cells += [mean_std(_values(recs, "accuracy")) if recs else "not run yet",
+                  na(_values(recs, "accuracy_safeguard"))]
         if d == "imdb":
             cells += [mean_std(_values(recs, "accuracy_full_length")),
                       na(_values(recs, "accuracy_full_length_safeguard"))]
         speed = [r["tokens_per_s"] for r in recs]
-        base = [r["tokens_per_s"] for r in by_dataset[d].get("standard", [])]
+        base = [r["tokens_per_s"] for r in by_dataset[d].get(("standard", "exp"), [])]
         cells.append(f"{statistics.mean(speed):,.0f}" if speed else "–")
         length = recs[0]["eval_max_length"] if recs else None      # the training length of the cell
         side = (side_by_side or {}).get(length)
-        if side:
-            cells.append(f"{side['standard'] / side[model]:.2f}×")
+        if side and speed_key(key) in side:
+            cells.append(f"{side[speed_key(key)]:.2f}×")
         else:
             cells.append(f"{statistics.mean(speed) / statistics.mean(base):.2f}×" if speed and base else "–")
         per_dataset.append(recs)
@@ -142,7 +175,8 @@ def render(records: list[dict], speed: dict | None = None) -> str:
     for budget, by_dataset in sorted(group(records).items(), key=lambda kv: kv[0] != "full"):
         title = "Full budget (SST-2: 3 epochs, max length 64; IMDB: 2 epochs, max length 256)" \
             if budget == "full" else budget.capitalize()
-        parts += [f"**{title}**", "", table(by_dataset, speed if budget == "full" else None), ""]
+        full = budget == "full"
+        parts += [f"**{title}**", "", table(by_dataset, speed if full else None, every_rho=full), ""]
     parts.append("Accuracy of the final weights, mean ± sample std over seeds (number of seeds). Width 128, "
                  "depth 6, 4 heads, FFN width 512, frozen MiniLM word-piece table + one trainable linear map, "
                  "same optimiser and token budget for all models. \"tokens/s\": training throughput of the run "
@@ -177,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", help="write the markdown here (default: stdout)")
     p.add_argument("--readme", help="replace the block between the accuracy markers of this README")
     args = p.parse_args(argv)
-    # written by `benchmarks/train_speed.py --json benchmarks/results/speed/train_speed.json`
-    text = render(load_results(Path(args.results)), load_speed(Path(args.results) / "speed" / "train_speed.json"))
+    # written by `benchmarks/train_speed.py --json benchmarks/results/speed/train_speed.json` (and, with
+    # `--rho log lp truncated linear`, `.../train_speed_rho.json`)
+    speed = Path(args.results) / "speed"
+    text = render(load_results(Path(args.results)),
+                  load_speed(speed / "train_speed.json", speed / "train_speed_rho.json"))
     if args.readme:
         readme = Path(args.readme).read_text(encoding="utf-8")
         head, rest = readme.split(BEGIN, 1)

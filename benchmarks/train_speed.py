@@ -13,6 +13,10 @@ Batches: 32 sequences at the benchmark's training lengths, SST-2 n = 64 and IMDB
 with the last 20 % of every sequence padding (exercising the padding masks).
 
     python benchmarks/train_speed.py [--rounds 7] [--lengths 64 256] [--threads 1] [--json FILE]
+    python benchmarks/train_speed.py --rho log lp truncated linear --json FILE
+
+`--rho` adds the certified models with each named attention penalty ρ (keys `certified-tied:log`, …),
+stepping in the same rounds, and prints their speed relative to the same model with ρ = exp.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from accuracy import MODEL, OPTIM, model_section  # the accuracy benchmark's settings (same folder)
+from accuracy import MODEL, OPTIM, RHO_MODELS, model_section  # the accuracy benchmark's settings (same folder)
+from unfoldformer.rho import RHO_FAMILY
 from unfoldformer.train import KINDS, TrainConfig
 from unfoldformer.train.build import build_classifier, make_optimizer
 from unfoldformer.utils import environment
@@ -43,7 +48,8 @@ class _Table:
 
 def training_step(kind: str, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], table: _Table):
     """A closure running one AdamW training step of the benchmark model `kind` on `batch`."""
-    cfg = TrainConfig.from_dict({"model": model_section(kind), "data": {"dataset": "imdb"},
+    model, _, rho = kind.partition(":")                               # "certified-tied:log": that model, ρ = log
+    cfg = TrainConfig.from_dict({"model": model_section(model, rho or "exp"), "data": {"dataset": "imdb"},
                                  "optim": {k: OPTIM[k] for k in ("lr", "weight_decay")}})
     torch.manual_seed(0)
     model = build_classifier(cfg, table)
@@ -67,9 +73,9 @@ def make_batch(batch_size: int, n: int, seed: int = 0):
     return ids, mask, torch.randint(0, 2, (batch_size,), generator=g)
 
 
-def measure(n: int, rounds: int, batch_size: int, table: _Table) -> dict[str, list[float]]:
+def measure(n: int, rounds: int, batch_size: int, table: _Table, kinds=KINDS) -> dict[str, list[float]]:
     batch = make_batch(batch_size, n)
-    steps = {kind: training_step(kind, batch, table) for kind in KINDS}
+    steps = {kind: training_step(kind, batch, table) for kind in kinds}
     for step in steps.values():                                      # warm-up (allocations, caches)
         step()
     times: dict[str, list[float]] = {kind: [] for kind in steps}
@@ -88,19 +94,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="also write the measurements here")
+    p.add_argument("--rho", nargs="+", default=[], choices=sorted(set(RHO_FAMILY) - {"exp"}),
+                   help="also step the certified models with these attention penalties")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     table = _Table()
-    results = {n: measure(n, args.rounds, args.batch_size, table) for n in args.lengths}
+    kinds = KINDS + tuple(f"{m}:{r}" for r in args.rho for m in RHO_MODELS)
+    results = {n: measure(n, args.rounds, args.batch_size, table, kinds) for n in args.lengths}
     lines = ["| model | " + " | ".join(f"n = {n}: s/step (median of {args.rounds}) | n = {n}: speed vs standard"
                                       for n in args.lengths) + " |",
              "|---|" + "---|---|" * len(args.lengths)]
-    for kind in KINDS:
+    for kind in kinds:
         cells = []
         for n in args.lengths:
             med, base = statistics.median(results[n][kind]), statistics.median(results[n]["standard"])
             cells += [f"{med:.3f}", f"{base / med:.2f}×"]
-        lines.append(f"| {NAMES[kind]} | " + " | ".join(cells) + " |")
+            if ":" in kind:                                            # and relative to the same model with exp
+                cells[-1] += f" ({statistics.median(results[n][kind.partition(':')[0]]) / med:.2f}× exp)"
+        model, _, rho = kind.partition(":")
+        lines.append(f"| {NAMES[model]}{f', ρ = {rho}' if rho else ''} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     print(f"\nB = {args.batch_size}, 20 % padding, {args.threads} thread(s); {environment()}")
     if args.json:

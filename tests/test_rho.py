@@ -71,3 +71,35 @@ def test_certified_alpha_range():
     assert get_rho("exp").certified_alpha_max() == 2.0
     assert get_rho("lp").certified_alpha_max() == 1.0
     assert math.isclose(get_rho("log").derivative(torch.tensor(0.0)).item(), 0.5)
+
+
+@pytest.fixture
+def registry():
+    """Restores the ρ registry after a test that registers user ρ."""
+    before = dict(RHO_FAMILY)
+    yield
+    RHO_FAMILY.clear()
+    RHO_FAMILY.update(before)
+
+
+def test_registered_custom_rho_is_nameable_in_model_configs(registry):
+    from unfoldformer import ModelConfig, UnfoldedTransformer
+    from unfoldformer.rho import register_rho
+
+    sqrt = custom_rho(lambda z: torch.sqrt(z + 1.0), name="sqrt")
+    assert register_rho(sqrt) == "sqrt" and get_rho("sqrt") is sqrt
+    cfg = ModelConfig.preset("certified", d_model=8, n_heads=2, depth=2, ffn_hidden=8, rho="sqrt")
+    model = UnfoldedTransformer(cfg).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    out = model(x, return_energies=True)
+    assert model.layers[0].attention.rho == "sqrt" and torch.isfinite(out.energies).all()
+
+
+def test_register_rho_refuses_builtin_names_and_failing_rhos(registry):
+    from unfoldformer.rho import register_rho
+
+    with pytest.raises(ValueError, match="built-in"):
+        register_rho(custom_rho(lambda z: torch.log(z + 3.0), name="log"))
+    with pytest.raises(ValueError, match="concave"):
+        register_rho(custom_rho(lambda z: z**2, name="square"))
+    assert "square" not in RHO_FAMILY

@@ -23,7 +23,7 @@ from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_
 from .errors import ConfigError, UnfoldformerError
 from .inference import Predictor, load
 from .model import EncoderOutput, UnfoldedTransformer
-from .rho import Rho, check_rho, custom_rho, get_rho
+from .rho import Rho, check_rho, custom_rho, get_rho, register_rho
 from .steps import anchored_attention_step, attention_step, symmetric_ffn_step, tied_ffn_step
 
 __version__ = "0.2.0"
@@ -32,5 +32,5 @@ __all__ = [
     "ConfigError", "EncoderOutput", "ModelConfig", "PRESETS", "Predictor", "Rho", "SequenceClassifier",
     "StandardTransformer", "UnfoldedTransformer", "UnfoldformerError", "anchor_energy", "anchored_attention_step",
     "attention_energy", "attention_step", "build_encoder", "check_rho", "custom_rho", "descent_tolerance",
-    "get_rho", "load", "symmetric_ffn_energy", "symmetric_ffn_step", "tied_ffn_energy", "tied_ffn_step",
+    "get_rho", "load", "register_rho", "symmetric_ffn_energy", "symmetric_ffn_step", "tied_ffn_energy", "tied_ffn_step",
 ]

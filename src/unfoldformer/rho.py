@@ -13,7 +13,8 @@ energies need ρ itself. Every member exposes both.
 | `truncated` | min(z, τ)                              | 1[z < τ] (supergradient)    |
 
 `custom_rho(fn)` wraps any callable; ρ' comes from autograd when not given.
-`check_rho` verifies concavity and monotonicity numerically and says what fails.
+`check_rho` verifies concavity and monotonicity numerically and says what fails;
+`register_rho` makes a checked custom ρ nameable in configs (`ModelConfig(rho="mine")`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ class Rho:
     every point set, which extends the certified attention step size from (0, 1] to
     (0, 2) (THEORY §3.1, Theorem A). `softmax` marks ρ'(z) = exp(−z) exactly (only `exp_rho`
     sets it): steps then run as softmax attention and energies through log-sum-exp.
+
+    Optional speed-ups used by the blocked kernel (`unfoldformer.kernels`), none needed for
+    correctness: `derivative_inplace(z)` returns ρ'(z) and may overwrite z (z ≥ 0);
+    `curvature(z)` = ρ''(z) for the backward pass (else autograd of ρ');
+    `constant_kernel` marks ρ' constant (every pair gets the weight ρ'(0)).
     """
 
     name: str
@@ -41,6 +47,9 @@ class Rho:
     derivative: RhoFn
     psd_kernel: bool = False
     softmax: bool = False
+    derivative_inplace: RhoFn | None = None
+    curvature: RhoFn | None = None
+    constant_kernel: bool = False
 
     def __call__(self, z: Tensor) -> Tensor:
         return self.value(z)
@@ -52,19 +61,23 @@ class Rho:
 
 def exp_rho() -> Rho:
     """ρ(z) = −exp(−z): the Gaussian kernel, giving softmax attention with a key-norm bias."""
-    return Rho("exp", lambda z: -torch.exp(-z), lambda z: torch.exp(-z), psd_kernel=True, softmax=True)
+    return Rho("exp", lambda z: -torch.exp(-z), lambda z: torch.exp(-z), psd_kernel=True, softmax=True,
+               derivative_inplace=lambda z: z.neg_().exp_(), curvature=lambda z: torch.exp(-z).neg_())
 
 
 def log_rho(c: float = 2.0) -> Rho:
     """ρ(z) = log(z + c): heavy-tailed (Cauchy / Student-t) attention weights 1/(z + c)."""
     if c <= 0:
         raise ValueError(f"log rho needs c > 0, got c={c}")
-    return Rho("log", lambda z: torch.log(z + c), lambda z: 1.0 / (z + c), psd_kernel=True)
+    return Rho("log", lambda z: torch.log(z + c), lambda z: 1.0 / (z + c), psd_kernel=True,
+               derivative_inplace=lambda z: z.add_(c).reciprocal_(),
+               curvature=lambda z: (z + c).square_().reciprocal_().neg_())
 
 
 def linear_rho() -> Rho:
     """ρ(z) = z: uniform averaging (Laplacian smoothing)."""
-    return Rho("linear", lambda z: z, torch.ones_like, psd_kernel=True)
+    return Rho("linear", lambda z: z, torch.ones_like, psd_kernel=True, curvature=torch.zeros_like,
+               constant_kernel=True)
 
 
 def lp_rho(p: float = 1.0, tau: float = 1e-3) -> Rho:
@@ -86,7 +99,11 @@ def lp_rho(p: float = 1.0, tau: float = 1e-3) -> Rho:
     def derivative(z: Tensor) -> Tensor:
         return h * z.clamp_min(tau) ** (h - 1)
 
-    return Rho("lp", value, derivative, psd_kernel=False)
+    def curvature(z: Tensor) -> Tensor:   # 0 on the tangent below τ
+        return torch.where(z > tau, h * (h - 1) * z.clamp_min(tau) ** (h - 2), torch.zeros_like(z))
+
+    return Rho("lp", value, derivative, psd_kernel=False,
+               derivative_inplace=lambda z: z.clamp_min_(tau).pow_(h - 1).mul_(h), curvature=curvature)
 
 
 def truncated_rho(tau: float = 1.0) -> Rho:
@@ -94,17 +111,21 @@ def truncated_rho(tau: float = 1.0) -> Rho:
     if tau <= 0:
         raise ValueError(f"truncated rho needs tau > 0, got tau={tau}")
     return Rho("truncated", lambda z: z.clamp(max=tau), lambda z: (z < tau).to(z.dtype),
-               psd_kernel=False)
+               psd_kernel=False, derivative_inplace=lambda z: z.lt_(tau), curvature=torch.zeros_like)
 
 
 def custom_rho(value: RhoFn, derivative: RhoFn | None = None, name: str = "custom",
                psd_kernel: bool = False) -> Rho:
-    """Wrap a user callable ρ; ρ' by autograd when not given. Check it with `check_rho`."""
+    """Wrap a user callable ρ; ρ' by autograd when not given. Check it with `check_rho`.
+
+    The autograd ρ' is itself differentiable when its input requires grad (so ρ'' for the backward
+    pass of the attention step comes from autograd too).
+    """
     if derivative is None:
         def derivative(z: Tensor) -> Tensor:
             with torch.enable_grad():
-                zz = z.detach().clone().requires_grad_(True)
-                (grad,) = torch.autograd.grad(value(zz).sum(), zz)
+                zz = z if z.requires_grad else z.detach().requires_grad_(True)
+                (grad,) = torch.autograd.grad(value(zz).sum(), zz, create_graph=z.requires_grad)
             return grad
     return Rho(name, value, derivative, psd_kernel=psd_kernel)
 
@@ -118,8 +139,32 @@ RHO_FAMILY: dict[str, Callable[..., Rho]] = {
 }
 
 
+BUILT_IN = tuple(RHO_FAMILY)
+
+
+def register_rho(rho: Rho, *, check: bool = True) -> str:
+    """Make a user ρ (e.g. `custom_rho(fn, name="sqrt")`) known by its name, so configs can name it.
+
+    After `register_rho(r)`, `ModelConfig(rho=r.name)`, training configs and saved runs that name it
+    resolve to `r` in this process (register it again before loading such a run elsewhere). With
+    `check` the ρ must pass `check_rho` (concave, non-decreasing, ρ' = dρ/dz). Built-in names cannot
+    be replaced; registering the same name again replaces the earlier user ρ. Returns the name.
+    """
+    if not isinstance(rho, Rho):
+        raise TypeError(f"register_rho needs a Rho (e.g. custom_rho(fn, name=...)), got {type(rho).__name__}")
+    if rho.name in BUILT_IN:
+        raise ValueError(f"{rho.name!r} is a built-in rho; give the custom one another name")
+    if check:
+        result = check_rho(rho)
+        if not result:
+            raise ValueError(f"rho {rho.name!r} fails the checks: {'; '.join(result.problems)}")
+    RHO_FAMILY[rho.name] = lambda: rho
+    return rho.name
+
+
 def get_rho(rho: str | Rho, **params) -> Rho:
-    """Resolve a name (``"exp"``, ``"log"``, ``"linear"``, ``"lp"``, ``"truncated"``) or a `Rho`."""
+    """Resolve a name (``"exp"``, ``"log"``, ``"linear"``, ``"lp"``, ``"truncated"``, or one given to
+    `register_rho`) or a `Rho`."""
     if isinstance(rho, Rho):
         return rho
     if not isinstance(rho, str) or rho not in RHO_FAMILY:

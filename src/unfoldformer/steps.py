@@ -9,7 +9,7 @@ part in any sum and are returned unchanged.
   with H > 1 heads head h moves only its own orthonormal subspace U_h (by default the
   h-th contiguous block of d/H coordinates). For ρ = exp this is softmax attention with
   q = k = Y F_hᵀ, scale 1 and the additive key-norm bias −½‖a_j‖², run through
-  `scaled_dot_product_attention`.
+  `scaled_dot_product_attention`; other ρ run through the blocked kernel of `kernels`.
 - `anchored_attention_step` (§3.3): the MM step on ½‖Y − X‖² + λ E_A with isotropic
   heads F_h = s_h U_hᵀ; every token also attends to its own input with weight 1.
 - `symmetric_ffn_step` (F1) and `tied_ffn_step` (F2) (§3.4).
@@ -26,6 +26,7 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
+from .kernels import weighted_average
 from .rho import Rho, get_rho
 
 
@@ -93,9 +94,12 @@ def _weighted_average(Y: Tensor, factors: Tensor, r: Rho, valid: Tensor,
         a = head_features(Y, factors)                              # (B, H, n, k)
         avg = F_nn.scaled_dot_product_attention(a, a, V, attn_mask=exp_attention_mask(a, valid), scale=1.0)
         return avg, V
-    beta = pair_weights(Y, factors, r, ~valid)                     # (B, H, n, n)
-    deg = beta.sum(-1, keepdim=True)                               # (B, H, n, 1)
-    avg = torch.where(deg > 0, (beta @ V) / deg.clamp_min(torch.finfo(Y.dtype).tiny), V)
+    if use_sdpa:                                                   # blocked kernel: O(n · block) memory
+        num, deg = weighted_average(head_features(Y, factors), V, valid, r)   # (B, H, n, dh), (B, H, n, 1)
+    else:                                                          # the dense reference: all n × n weights
+        beta = pair_weights(Y, factors, r, ~valid)                 # (B, H, n, n)
+        num, deg = beta @ V, beta.sum(-1, keepdim=True)
+    avg = torch.where(deg > 0, num / deg.clamp_min(torch.finfo(Y.dtype).tiny), V)
     return avg, V
 
 
@@ -105,9 +109,11 @@ def attention_step(Y: Tensor, factors: Tensor, rho: str | Rho = "exp", alpha: fl
     """MM step on E_A (THEORY §3.1–3.2): Y⁺ = Y + α Σ_h (D_h⁻¹ B_h (Y U_h) − Y U_h) U_hᵀ.
 
     Y: (B, n, d); factors: (H, k, d) or (k, d), any k; `padding_mask` (B, n) bool, True
-    marks padding; `subspaces`: optional orthonormal (H, d, d/H). With ρ = exp and
-    `use_sdpa` the softmax runs through `scaled_dot_product_attention` (key-norm bias and
-    padding in `attn_mask`); otherwise the explicit weights β_ij = ρ'(z_ij) are used.
+    marks padding; `subspaces`: optional orthonormal (H, d, d/H). With `use_sdpa` (the fast
+    path) ρ = exp runs through `scaled_dot_product_attention` (key-norm bias and padding in
+    `attn_mask`) and every other ρ through the blocked kernel `kernels.weighted_average`
+    (O(n · block) memory); `use_sdpa=False` forms the dense n × n weights β_ij = ρ'(z_ij)
+    (`energy.pair_weights`), the reference both fast paths are tested against.
     """
     valid = check_states(Y, padding_mask)
     fac = check_factors(factors, Y.shape[-1]).to(Y.dtype)
@@ -162,7 +168,8 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     For ρ = exp the update is one softmax over n + 1 keys, the last being the anchor x_i with
     logit ½‖a_i‖² − log ν: exp(½‖a_i‖² − log ν) / (Σ_j e^{ℓ_ij} + exp(½‖a_i‖² − log ν)) = 1 / (ν d_i + 1)
     with d_i = Σ_j e^{ℓ_ij − ½‖a_i‖²}. It runs as one fused `scaled_dot_product_attention` call
-    (`_anchored_softmax_average`), so it never overflows and stores no n×n weights.
+    (`_anchored_softmax_average`), so it never overflows and stores no n×n weights. Other ρ run
+    through the blocked kernel (`kernels.weighted_average`: Σ_j β_ij c_j and d_i in one pass).
     `padding_mask` (B, n) bool, True marks padding.
     """
     valid = check_states(Y, padding_mask)
@@ -179,10 +186,10 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
         target = _anchored_softmax_average(a, V, Xh, log_nu, valid)
     else:
-        fac = isotropic_factors(scales.to(Y.dtype), d, subspaces)  # (H, dh, d)
-        beta = pair_weights(Y, fac, r, ~valid)                     # (B, H, n, n)
+        a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
+        num, deg = weighted_average(a, V, valid, r)                # (B, H, n, dh), (B, H, n, 1)
         nu = log_nu.exp()[None, :, None, None]
-        target = (nu * (beta @ V) + Xh) / (nu * beta.sum(-1, keepdim=True) + 1)
+        target = (nu * num + Xh) / (nu * deg + 1)
     return _keep_padding(Y, Y + alpha * merge_heads(target - V, subspaces), valid)
 
 

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "presets": "list the model presets and their settings",
     "reproduce": "reproduce the paper's figures 1-6 and write a report",
     "probe": "probe a pretrained Transformer: how energy-like is each layer",
+    "rho-study": "what the attention penalty rho changes: kernels, token diversity, accuracy, speed",
     "train": "train a classifier (certified, paper or standard Transformer)",
     "evaluate": "evaluate a saved checkpoint: accuracy and energy curves",
     "predict": "labels, probabilities and energy curves of a trained classifier for new texts",
