@@ -71,12 +71,12 @@ def random_model(rho: str, settings: RhoStudySettings, dataset: str, embeddings)
     return Source("random", rho, model, f"random initialisation, seed {settings.seed}")
 
 
-def trained_model(label: str, rho: str, settings: RhoStudySettings, dataset: str) -> Source:
-    """The trained model of `label` for ρ: quick mode trains it; otherwise it is read from the
-    accuracy benchmark's result files (or reported missing, with the reason)."""
+def trained_model(label: str, rho: str, settings: RhoStudySettings, dataset: str, models_dir: Path) -> Source:
+    """The trained model of `label` for ρ: quick mode trains it into `models_dir`; otherwise it is read
+    from the accuracy benchmark's result files (or reported missing, with the reason)."""
     kind = SOURCES[label]
     if settings.quick:
-        return _train_quick(label, kind, rho, settings, dataset)
+        return _train_quick(label, kind, rho, settings, dataset, models_dir)
     if settings.results_dir is None:
         return Source(label, rho, None, "no accuracy-benchmark results folder given (--results)")
     folder = Path(settings.results_dir)
@@ -109,11 +109,12 @@ def _from_record(label: str, rho: str, record_path: Path, name: str, settings: R
                                     "pass --runs-dir")
 
 
-def _train_quick(label: str, kind: str, rho: str, settings: RhoStudySettings, dataset: str) -> Source:
-    """Train (or reuse, or resume) the quick model in `<out>/models/<name>`."""
+def _train_quick(label: str, kind: str, rho: str, settings: RhoStudySettings, dataset: str,
+                 models_dir: Path) -> Source:
+    """Train (or reuse, or resume) the quick model in `models_dir/<name>`."""
     from ..train import train
 
-    run = Path(settings.out) / "models" / cell_name(dataset, kind, rho, settings.seed)
+    run = models_dir / cell_name(dataset, kind, rho, settings.seed)
     cfg = train_config(kind, rho, settings, dataset, str(run))
     weights = run / "last.safetensors"
     summary = run / "summary.json"

@@ -7,6 +7,9 @@ writes, into `settings.out`:
   over t = 0 … T), `sweep_<dataset>.png` (random init, first dataset: spread retained against the distance scale);
 - `rho_study.md`: a verdict per question with the numbers behind it; `results.json`: every number
   (repeatable: one seed fixes the sentences, the initial weights and the quick models' training).
+
+The folder is built whole or not at all (`runs.staged_output`, with `complete.json`); the output
+location is checked before any work, and a failed or killed run leaves an earlier study as it was.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..data import load_embeddings
+from ..runs import check_output_location, staged_output
 from ..utils import atomic_write_text, environment, torch_threads, write_json
 from .figures import plot_dynamics, plot_kernel, plot_maps, plot_sweep
 from .markdown import render_markdown
@@ -30,7 +34,12 @@ def run_rho_study(settings: RhoStudySettings, progress=None) -> dict:
 
     `progress(description)` is called once per (dataset, model source, ρ) after it is measured."""
     start = time.perf_counter()
-    out = Path(settings.out)
+    check_output_location("--out", settings.out)
+    with staged_output(settings.out, "rho-study", settings.to_dict()) as out:
+        return _run(settings, out, start, progress)
+
+
+def _run(settings: RhoStudySettings, out: Path, start: float, progress) -> dict:
     embeddings = load_embeddings("minilm")
     results: dict = {"settings": settings.to_dict(), "datasets": {}}
     with torch_threads(settings.threads):
@@ -40,7 +49,7 @@ def run_rho_study(settings: RhoStudySettings, progress=None) -> dict:
             for label in SOURCES:
                 for rho in settings.rhos:
                     source = (random_model(rho, settings, dataset, embeddings) if label == "random"
-                              else trained_model(label, rho, settings, dataset))
+                              else trained_model(label, rho, settings, dataset, out / "models"))
                     sweep = label == "random" and dataset == settings.datasets[0]   # the scale sweep: once
                     sources[label][rho] = ({"missing": source.origin} if source.missing
                                            else study_model(source, inputs, settings, sweep))
