@@ -89,10 +89,12 @@ def model_section(kind: str, rho: str = "exp") -> dict:
     return section if rho == "exp" else {**section, "rho": rho}
 
 
-def cell_name(dataset: str, model: str, seed: int, rho: str = "exp", reduced: bool = False) -> str:
-    """Result and run-folder name of a cell; exp cells keep their original names."""
-    return (f"{dataset}-{model}" + ("" if rho == "exp" else f"-rho_{rho}") + f"-seed{seed}"
-            + ("-reduced" if reduced else ""))
+def cell_name(dataset: str, model: str, seed: int, rho: str = "exp", reduced: bool = False,
+              variant: str | None = None) -> str:
+    """Result and run-folder name of a cell; exp cells keep their original names; a `variant` (a
+    named set of config changes, `--variant NAME --set KEY=VALUE ...`) adds `-v_<NAME>`."""
+    return (f"{dataset}-{model}" + ("" if rho == "exp" else f"-rho_{rho}") + (f"-v_{variant}" if variant else "")
+            + f"-seed{seed}" + ("-reduced" if reduced else ""))
 
 
 def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
@@ -107,7 +109,18 @@ def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, o
         "run": {"out_dir": str(out_dir), "threads": args.threads, "progress": not args.no_progress,
                 "checkpoint_every": 500, "eval_examples": setting["subsets"]["train_eval"]},
     })
-    return cfg
+    return cfg.with_overrides(setting_pairs(args.set)) if args.set else cfg
+
+
+def setting_pairs(settings: list[str]) -> list[str]:
+    """`KEY=VALUE` strings -> `--KEY VALUE` overrides of the TrainConfig (typed and checked there)."""
+    pairs = []
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise SystemExit(f"--set {item!r}: use SECTION.KEY=VALUE, e.g. --set model.anchor_weight=0.3")
+        pairs += [f"--{key}", value]
+    return pairs
 
 
 def is_reduced(args: argparse.Namespace) -> bool:
@@ -126,7 +139,7 @@ def git_commit() -> str | None:
 def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> Path:
     """Train and evaluate one cell; returns the path of its result JSON."""
     reduced = is_reduced(args)
-    name = cell_name(dataset, model, seed, args.rho, reduced)
+    name = cell_name(dataset, model, seed, args.rho, reduced, args.variant)
     work = Path(args.work_dir) / name
     cfg = cell_config(dataset, model, seed, args, work)
     if not args.resume and (work / "checkpoint.pt").exists():
@@ -143,7 +156,8 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
         print(f"warning: {name}: in-training final accuracy {in_training:.6f} differs from the re-evaluation "
               f"with the preset's safeguard setting ({matching:.6f})", file=sys.stderr)
     record = {
-        "dataset": dataset, "model": model, "rho": args.rho, "seed": seed,
+        "dataset": dataset, "model": model, "rho": args.rho, "seed": seed, "variant": args.variant,
+        "settings": list(args.set),
         "budget": "reduced" if reduced else "full",
         "accuracy": evals.pop("accuracy"), "accuracy_safeguard": evals.pop("accuracy_safeguard"),
         "safeguard_preset": preset, "best_accuracy": summary["best"]["eval_accuracy"],
@@ -246,6 +260,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rho", choices=sorted(RHO_FAMILY), default="exp",
                    help=f"attention penalty of the certified models ({', '.join(RHO_MODELS)}); default exp")
     p.add_argument("--results", default=str(RESULTS), help="folder of the result JSON files")
+    p.add_argument("--variant", help="name of a set of config changes (--set); adds -v_NAME to the cell's name")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a config change of this variant (repeatable), e.g. model.anchor_weight=0.3")
     p.add_argument("--force", action="store_true", help="with --all: rerun cells that already have a result")
     p.add_argument("--max-train-examples", type=int, help="reduced budget: a fixed random subset of train")
     p.add_argument("--max-eval-examples", type=int, help="reduced budget: a fixed random subset of eval")
@@ -260,6 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.all and not (args.dataset and args.model):
         p.error("give --dataset and --model (one cell) or --all")
+    if args.set and not args.variant:
+        p.error("--set needs --variant: name the variant whose config changes --set gives")
     if args.models is None:
         args.models = list(KINDS) if args.rho == "exp" else list(RHO_MODELS)
     asked = set(args.models) | ({args.model} if args.model else set())
@@ -274,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     cells = ([(d, m, s) for d in args.datasets for m in args.models for s in args.seeds] if args.all
              else [(args.dataset, args.model, args.seed)])
     for dataset, model, seed in cells:
-        existing = Path(args.results) / f"{cell_name(dataset, model, seed, args.rho, is_reduced(args))}.json"
+        name = cell_name(dataset, model, seed, args.rho, is_reduced(args), args.variant)
+        existing = Path(args.results) / f"{name}.json"
         if args.all and existing.exists() and not args.force:
             print(f"skip {existing.name} (exists)", file=sys.stderr)
             continue
