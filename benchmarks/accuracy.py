@@ -81,8 +81,9 @@ def model_section(kind: str) -> dict:
 def cell_config(dataset: str, model: str, seed: int, args: argparse.Namespace, out_dir: Path) -> TrainConfig:
     """The benchmark's TrainConfig for one cell (with the reduced-budget overrides, if any)."""
     setting = DATASETS[dataset]
+    basis_map = getattr(args, "basis_map", None)
     cfg = TrainConfig.from_dict({
-        "model": model_section(model),
+        "model": {**model_section(model), **({"basis_map": basis_map} if basis_map else {})},
         "data": {"dataset": dataset, "data_dir": args.data_dir, "max_length": setting["max_length"],
                  "embeddings": "minilm", "max_train_examples": args.max_train_examples,
                  "max_eval_examples": args.max_eval_examples},
@@ -110,6 +111,9 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
     """Train and evaluate one cell; returns the path of its result JSON."""
     reduced = is_reduced(args)
     name = f"{dataset}-{model}-seed{seed}" + ("-reduced" if reduced else "")
+    results = RESULTS
+    if args.basis_map:            # a comparison of orthogonal maps: its own folder, never in the main table
+        name, results = f"{name}-{args.basis_map}", RESULTS / "basis_map"
     work = Path(args.work_dir) / name
     cfg = cell_config(dataset, model, seed, args, work)
     if not args.resume and (work / "checkpoint.pt").exists():
@@ -145,8 +149,8 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
         "machine": {**environment(), "threads": torch.get_num_threads()}, "git_commit": git_commit(),
         "run_dir": str(work),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
     return path
 
@@ -230,6 +234,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-train-examples", type=int, help="reduced budget: a fixed random subset of train")
     p.add_argument("--max-eval-examples", type=int, help="reduced budget: a fixed random subset of eval")
     p.add_argument("--epochs", type=int, help="reduced budget: epochs instead of the dataset's")
+    p.add_argument("--basis-map", choices=("exp", "cayley"),
+                   help="orthogonal map of the learned head basis (certified models); results go to "
+                        "results/basis_map/, apart from the main table")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     p.add_argument("--data-dir", default=str(SHARED_DATA) if SHARED_DATA.is_dir() else None,
                    help="folder with SST-2.zip / aclImdb_v1.tar.gz (default: ../shared/data if present, "

@@ -17,7 +17,7 @@ def test_energies_match_the_layer_energy_functions(name, tied):
     torch.manual_seed(0)
     model = UnfoldedTransformer(small_config(name, tied=tied)).double().eval()
     x, pad = random_inputs()
-    out = model(x, pad, return_energies=True)
+    out = model(x, pad, return_energies="steps")
     assert out.energies.shape == (3, 5) and out.energies.dtype == D64
     assert torch.allclose(out.energies[:, 0], model.energy(x, x, pad, layer=0))
     assert torch.allclose(out.energies[:, -1], model.energy(out.hidden, x, pad, layer=3))
@@ -39,7 +39,7 @@ def test_paper_sub_steps_never_raise_their_energy(relu):
         torch.manual_seed(seed)
         model = UnfoldedTransformer(small_config("paper", depth=12, relu=relu)).double()
         x, pad = random_inputs(seed, scale=2.0)
-        out = model(x, pad, return_energies=True)
+        out = model(x, pad, return_energies="steps")
         assert not rises(out.attention_before, out.attention_after).any()
         if not relu:  # with ReLU the FFN step is a projected step on E_F + ι, whose ι is +∞ at Y⁽⁰⁾
             assert not rises(out.ffn_before, out.ffn_after).any()
