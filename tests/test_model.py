@@ -148,3 +148,25 @@ def test_descent_tolerance_follows_the_dtype_round_off():
     assert tols[torch.float64] < tols[torch.float32] < tols[torch.float16] < tols[torch.bfloat16]
     with pytest.raises(TypeError, match="floating point"):
         descent_tolerance(torch.int64)
+
+
+@pytest.mark.parametrize("name", UNFOLDED)
+def test_return_energies_gives_the_curve_and_on_request_the_sub_steps(name):
+    torch.manual_seed(1)
+    model = UnfoldedTransformer(small_config(name, depth=3)).double().eval()
+    x, pad = random_inputs(1)
+    steps = model(x, pad, return_energies="steps")
+    for flag in (True, "curve"):
+        curve = model(x, pad, return_energies=flag)
+        assert curve.attention_before is None and curve.ffn_after is None       # sub-steps only on request
+        for key in ("energies", "layer_before", "layer_after", "step_scales"):
+            assert torch.allclose(getattr(curve, key), getattr(steps, key), rtol=1e-12, atol=1e-12)
+    sub = (steps.attention_before, steps.attention_after, steps.ffn_before, steps.ffn_after)
+    assert all(t.shape == (3, 3) and t.dtype == D64 for t in sub)
+    guarded = model(x, pad, safeguard=True)
+    assert guarded.energies is not None and guarded.attention_after is None
+    assert model(x, pad, safeguard=True, return_energies="steps").attention_after is not None
+    assert model(x, pad, return_energies=None).energies is None
+    for bad in ("all", 1, 0.5):
+        with pytest.raises(ConfigError, match="return_energies must be"):
+            model(x, pad, return_energies=bad)

@@ -2,8 +2,8 @@
 import re
 
 import torch
-from conftest import REPO_ROOT, TINY_TRAIN
 
+from conftest import REPO_ROOT, TINY_TRAIN
 from unfoldformer.train import TrainConfig, train
 
 

@@ -24,9 +24,9 @@ def _model(seed: int, **overrides) -> UnfoldedTransformer:
     return model
 
 
-def _inputs(seed: int, B: int = 3, n: int = 6, pad_value: float | None = None):
+def _inputs(seed: int, B: int = 3, n: int = 6, pad_value: float | None = None, d: int = 8):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, n, 8, generator=g, dtype=D64)
+    x = torch.randn(B, n, d, generator=g, dtype=D64)
     pad = torch.rand(B, n, generator=g) < 0.35
     pad[0] = False                                                   # one row without padding
     pad[-1, 1:] = True                                               # one row with a single real token
@@ -123,3 +123,63 @@ def test_inputs_are_rotated_once_per_distinct_layer():
         assert len(stack.anchors) == expected
         Q = model.layers[0].attention.basis.weight
         assert torch.allclose(stack.anchors[0], x.where(~pad[..., None], 0.0) @ Q, rtol=0, atol=1e-14)
+
+
+def _reference_terms(model, Y, X, pad, ell):
+    """E_ℓ's terms at Y from the float64 Gram path (`method="gram"`) and float64 FFN sums, each with the
+    magnitude of its summands (the scale its round-off follows): (attention, its scale, ffn, its scale)."""
+    from unfoldformer import energy as E
+    layer = model.layer(ell)
+    att, ffn = layer.attention, layer.ffn
+    e_attention = E.attention_energy(Y, att.factors(), att.rho, pad, method="gram")
+    anchor = E.anchor_energy(Y, X, pad) / att.lam
+    hidden_sq = E.norm_regularizer(torch.relu(Y @ ffn.W1 + ffn.b), pad)   # ½‖ReLU(Y W1 + b)‖²
+    y_sq = E.norm_regularizer(Y, pad)
+    return e_attention + anchor, e_attention.abs() + anchor, y_sq - hidden_sq, y_sq + hidden_sq
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_float32_energies_agree_with_the_float64_reference_and_give_the_same_descent_flags(tied):
+    """Float32 states: every reported energy (curve and sub-steps, from the fused passes in rotated bases)
+    is within 1e-5 of the float64 Gram path on the module path's states, relative to the magnitude of
+    its summands, and the descent flags (layer steps, attention and FFN sub-steps) are identical."""
+    from unfoldformer.descent import descent_tolerance, lowered
+    tol = descent_tolerance(torch.float32)
+    rises, steps = 0, 0
+    for seed in range(4):
+        torch.manual_seed(seed)
+        model = UnfoldedTransformer(small_config("certified", d_model=32, n_heads=4, ffn_hidden=64, depth=5,
+                                                 tied=tied, anchor_weight=0.2))
+        with torch.no_grad():
+            for layer in model.layers:                               # strong FFNs: some layers rise
+                layer.ffn.W1.mul_(1.5)
+                layer.attention.log_scale.add_(0.5)
+        x, pad = _inputs(seed, B=6, n=24, d=32)
+        x = x.float()
+        terms = []                                                   # per layer: Y⁽ℓ⁻¹⁾, U⁽ℓ⁾, Y⁽ℓ⁾ terms
+        with torch.no_grad():
+            out = model(x, pad, return_energies="steps")
+            with parametrize.cached():
+                Y = x
+                for ell in range(model.config.depth):
+                    layer = model.layer(ell)
+                    U = layer.attention(Y, x, pad)
+                    Y_new = layer.ffn(U, pad)
+                    terms.append([_reference_terms(model, Z, x, pad, ell) for Z in (Y, U, Y_new)])
+                    Y = Y_new
+        def col(state: int, i: int, terms=terms):                    # (B, depth)
+            return torch.stack([t[state][i] for t in terms], dim=1)
+
+        ref = {"attention_before": (col(0, 0), col(0, 1)), "attention_after": (col(1, 0), col(1, 1)),
+               "ffn_before": (col(1, 2), col(1, 3)), "ffn_after": (col(2, 2), col(2, 3)),
+               "layer_before": (col(0, 0) + col(0, 2), col(0, 1) + col(0, 3)),
+               "layer_after": (col(2, 0) + col(2, 2), col(2, 1) + col(2, 3))}
+        for key, (value, scale) in ref.items():
+            assert ((getattr(out, key) - value).abs() <= 1e-5 * scale).all(), key
+        for before, after in (("layer_before", "layer_after"), ("attention_before", "attention_after"),
+                              ("ffn_before", "ffn_after")):
+            flags = lowered(getattr(out, before), getattr(out, after), tol)
+            assert torch.equal(flags, lowered(ref[before][0], ref[after][0], tol)), before
+        layer_flags = lowered(ref["layer_before"][0], ref["layer_after"][0], tol)
+        rises, steps = rises + int((~layer_flags).sum()), steps + layer_flags.numel()
+    assert 0 < rises < steps                                         # the flags were compared both ways

@@ -141,7 +141,7 @@ class _ModuleStack:
         return Y
 
 
-_DETAIL = {False: None, True: "curve", "curve": "curve", "steps": "steps"}
+_DETAIL = {None: None, False: None, True: "curve", "curve": "curve", "steps": "steps"}
 
 
 class UnfoldedTransformer(nn.Module):
@@ -176,7 +176,7 @@ class UnfoldedTransformer(nn.Module):
             raise ValueError(f"input has d={x.shape[-1]} but the model has d_model={self.config.d_model}")
         if max_halvings < 0:
             raise ConfigError(f"max_halvings must be >= 0, got {max_halvings}")
-        if not isinstance(return_energies, (bool, str)) or return_energies not in _DETAIL:
+        if not isinstance(return_energies, (bool, str, type(None))) or return_energies not in _DETAIL:
             raise ConfigError(f"return_energies must be False, True (the energy curve), 'curve' or 'steps' "
                               f"(the curve and the sub-step energies), got {return_energies!r}")
         detail = _DETAIL[return_energies] or ("curve" if safeguard else None)

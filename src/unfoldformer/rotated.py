@@ -65,6 +65,13 @@ def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
                   None if ffn is None else ffn.b, layer)
 
 
+def _hidden(Y: Tensor, f: _Frame) -> Tensor:
+    """ReLU(Y W̃ + b): (B, n, d) -> (B, n, m); the ReLU acts in place on the product (autograd allows it:
+    the product's backward does not read its output), which saves a pass over the hidden layer."""
+    B, n, d = Y.shape
+    return torch.addmm(f.b, Y.reshape(B * n, d), f.W).relu_().view(B, n, -1)
+
+
 def _change(Q_from: Tensor | None, Q_to: Tensor | None) -> Tensor | None:
     """Q_fromᵀ Q_to (d, d), the change from one basis to another; None stands for the identity."""
     if Q_from is None:
@@ -145,7 +152,7 @@ class RotatedStack:
         """Y⁺ = (1 − α) U·turn + α ReLU(U W̃ + b) W_outᵀ (turn None: identity), and the hidden layer (B, n, m)."""
         if f.W is None:
             return (U if turn is None else U @ turn), None
-        hidden = torch.relu(F_nn.linear(U, f.W.T, f.b))              # (B, n, m)
+        hidden = _hidden(U, f)                                       # (B, n, m)
         Y = F_nn.linear(hidden, W_out)                               # (B, n, d)
         alpha = f.layer.ffn.alpha * scale
         if alpha != 1:
@@ -204,6 +211,6 @@ class RotatedStack:
         if f.W is None:
             return EnergyTerms(e_attention, torch.zeros_like(e_attention))
         if hidden is None:
-            hidden = torch.relu(F_nn.linear(Y, f.W.T, f.b))          # (B, n, m)
+            hidden = _hidden(Y, f)                                   # (B, n, m)
         e_ffn = 0.5 * (_total(_row_squares(Y), valid) - _total(_row_squares(hidden), valid))
         return EnergyTerms(e_attention, e_ffn)

@@ -75,7 +75,8 @@ class _FusedSoftmax(torch.autograd.Function):
         return (*grads, None)
 
 
-def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, fused: bool | None = None) -> tuple[Tensor, Tensor]:
+def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *,
+                     fused: bool | None = None) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)), scale 1, both differentiable.
 
     q (B, H, c, w), k and v (B, H, n, w) with equal widths and **v's last column zero**; mask (1, 1, c, n)
