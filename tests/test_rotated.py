@@ -138,11 +138,12 @@ def _reference_terms(model, Y, X, pad, ell):
     return e_attention + anchor, e_attention.abs() + anchor, y_sq - hidden_sq, y_sq + hidden_sq
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_float32_energies_agree_with_the_float64_reference_and_give_the_same_descent_flags(tied):
+@pytest.mark.parametrize("tied, offset", [(True, 0.0), (False, 0.0), (True, 3.0)])
+def test_float32_energies_agree_with_the_float64_reference_and_give_the_same_descent_flags(tied, offset):
     """Float32 states: every reported energy (curve and sub-steps, from the fused passes in rotated bases)
     is within 1e-5 of the float64 Gram path on the module path's states, relative to the magnitude of
-    its summands, and the descent flags (layer steps, attention and FFN sub-steps) are identical."""
+    its summands, and the descent flags (layer steps, attention and FFN sub-steps) are identical; also
+    when all tokens share a large common component (`offset` per coordinate, as embeddings often do)."""
     from unfoldformer.descent import descent_tolerance, lowered
     tol = descent_tolerance(torch.float32)
     rises, steps = 0, 0
@@ -155,7 +156,7 @@ def test_float32_energies_agree_with_the_float64_reference_and_give_the_same_des
                 layer.ffn.W1.mul_(1.5)
                 layer.attention.log_scale.add_(0.5)
         x, pad = _inputs(seed, B=6, n=24, d=32)
-        x = x.float()
+        x = (x + offset * torch.randn(32, generator=torch.Generator().manual_seed(seed), dtype=D64)).float()
         terms = []                                                   # per layer: Y⁽ℓ⁻¹⁾, U⁽ℓ⁾, Y⁽ℓ⁾ terms
         with torch.no_grad():
             out = model(x, pad, return_energies="steps")

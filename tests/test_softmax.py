@@ -7,7 +7,7 @@ from torch.nn.utils import parametrizations
 from conftest import D64
 from unfoldformer import energy as E
 from unfoldformer.bases import cayley_map, exp_map, orthogonal_basis
-from unfoldformer.softmax import MASKED, key_bias, mass_energy, offdiagonal_pass, softmax_with_lse
+from unfoldformer.softmax import MASKED, mass_energy, offdiagonal_pass, softmax_with_lse
 
 
 def _case(seed: int, B=2, H=3, n=7, dh=4, scale=1.0, dtype=D64):
@@ -54,7 +54,7 @@ def test_fused_kernel_values_and_gradients_equal_explicit_logits():
 def test_offdiagonal_pass_equals_the_pair_definition(rows):
     """log S_i = log Σ_{j≠i, real} e^{−z_ij} and o_i = Σ_{j≠i} e^{−z_ij} c_j / S_i, in query chunks of any size."""
     C, valid, scales = _case(1)
-    res = offdiagonal_pass(C, scales, key_bias(valid, D64), rows=rows)
+    res = offdiagonal_pass(C, scales, valid, rows=rows)
     z, pair = _pairs(C, valid, scales)
     weights = torch.where(pair, torch.exp(-z), 0.0)                 # (B, H, n, n)
     mass = weights.sum(-1).transpose(1, 2)                           # (B, n, H)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .rho import Rho, get_rho
-from .softmax import key_bias, mass_energy, offdiagonal_pass
+from .softmax import mass_energy, offdiagonal_pass
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
@@ -154,8 +154,8 @@ def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk
             order = torch.argsort((~valid[rows]).to(torch.int8), dim=1, stable=True)[:, :length]  # real tokens first
             Yg = Y[rows].gather(1, order[..., None].expand(-1, -1, Y.shape[-1]))  # (b, length, d)
             vg = valid[rows].gather(1, order)                       # (b, length)
-        a = torch.einsum("bnd,hkd->bnhk", Yg, factors)              # (b, length, H, k) block layout
-        attention = offdiagonal_pass(a, None, key_bias(vg, Y.dtype), average=False, rows=chunk_size)
+        a = torch.einsum("bnd,hkd->bnhk", Yg, factors).to(torch.float64)   # (b, length, H, k), in Y's precision
+        attention = offdiagonal_pass(a, None, vg, average=False, rows=chunk_size)
         energy = mass_energy(attention.log_mass, vg)                # (b,)
         if rows is None:
             return energy

@@ -33,7 +33,7 @@ from torch import Tensor
 from . import energy as E
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer
 from .rho import get_rho
-from .softmax import AttentionPass, key_bias, mass_energy, offdiagonal_pass
+from .softmax import AttentionPass, mass_energy, offdiagonal_pass
 from .steps import anchored_attention_step, anchored_softmax_update, isotropic_factors
 
 __all__ = ["RotatedStack", "runs_rotated"]
@@ -54,6 +54,7 @@ class _Frame(NamedTuple):
     W: Tensor | None          # (d, m) Qᵀ W1: the same weight in this basis
     b: Tensor | None          # (m,)
     layer: UnfoldedLayer
+    W_bias: Tensor | None     # (d + 1, m) [W̃; b], for products without autograd
 
 
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
@@ -61,15 +62,20 @@ def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     Q = None if att.basis is None else att.basis.weight.to(dtype)
     W1 = None if ffn is None else ffn.W1
     W = W1 if (W1 is None or Q is None) else Q.T @ W1               # (d, m)
-    return _Frame(Q, att.log_scale.exp().to(dtype), att.log_nu().to(dtype), W1, W,
-                  None if ffn is None else ffn.b, layer)
+    b = None if ffn is None else ffn.b
+    W_bias = None if W is None else torch.cat([W, b[None]], dim=0).detach()   # (d + 1, m)
+    return _Frame(Q, att.log_scale.exp().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias)
 
 
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:
-    """ReLU(Y W̃ + b): (B, n, d) -> (B, n, m); the ReLU acts in place on the product (autograd allows it:
-    the product's backward does not read its output), which saves a pass over the hidden layer."""
+    """ReLU(Y W̃ + b): (B, n, d) -> (B, n, m). The ReLU acts in place on the product (autograd allows it:
+    the product's backward does not read its output). Without autograd the bias rides along as one more
+    input column, so the (B, n, m) product is written once instead of over a copy of the bias."""
     B, n, d = Y.shape
-    return torch.addmm(f.b, Y.reshape(B * n, d), f.W).relu_().view(B, n, -1)
+    if torch.is_grad_enabled() and (Y.requires_grad or f.W.requires_grad or f.b.requires_grad):
+        return torch.addmm(f.b, Y.reshape(B * n, d), f.W).relu_().view(B, n, -1)
+    Y1 = torch.cat([Y.reshape(B * n, d), Y.new_ones(B * n, 1)], dim=1)      # (B·n, d + 1)
+    return torch.mm(Y1, f.W_bias).relu_().view(B, n, -1)
 
 
 def _change(Q_from: Tensor | None, Q_to: Tensor | None) -> Tensor | None:
@@ -99,7 +105,6 @@ class RotatedStack:
         self.X, self.valid = X, valid
         X0 = X.where(valid[..., None], 0.0)                          # padded rows zeroed (restored by `finish`)
         self.anchors = [X0 if f.Q is None else X0 @ f.Q for f in self.frames]   # (B, n, d) X̃ per distinct layer
-        self.bias = key_bias(valid, X.dtype)                         # (B, n, 1, 1)
         self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
 
     def frame(self, ell: int) -> _Frame:
@@ -113,7 +118,7 @@ class RotatedStack:
         """All layers, each FFN writing the next layer's basis (original coordinates after the last)."""
         Y = self.anchors[0]
         for ell in range(self.depth):
-            U, _ = self._attend(self.frame(ell), Y, self.anchor(ell), self.valid, self.bias, 1.0, None)
+            U, _ = self._attend(self.frame(ell), Y, self.anchor(ell), self.valid, 1.0, None)
             Y, _ = self._ffn(self.frame(ell), U, 1.0, *self._exit(ell))
         return self.finish(Y)
 
@@ -135,7 +140,7 @@ class RotatedStack:
         return self._exits[ell]
 
     # ------------------------------------------------------------------ the two sub-steps
-    def _attend(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, bias: Tensor, scale: float,
+    def _attend(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, scale: float,
                 attention: AttentionPass | None) -> tuple[Tensor, AttentionPass | None]:
         """The anchored step (α·scale) in the layer's basis: (B, n, d), and the attention pass at Y (ρ = exp)."""
         att = f.layer.attention
@@ -144,7 +149,7 @@ class RotatedStack:
             return anchored_attention_step(Y, Xr, f.scales, att.lam, att.rho, alpha, ~valid), None
         B, n, d = Y.shape
         C, Xc = Y.view(B, n, att.H, d // att.H), Xr.view(B, n, att.H, d // att.H)   # (B, n, H, dh) views
-        U, attention = anchored_softmax_update(C, Xc, f.scales, f.log_nu, bias, alpha, attention)
+        U, attention = anchored_softmax_update(C, Xc, f.scales, f.log_nu, valid, alpha, attention)
         return U.reshape(B, n, d), attention
 
     def _ffn(self, f: _Frame, U: Tensor, scale: float, W_out: Tensor | None,
@@ -178,31 +183,30 @@ class RotatedStack:
         f = self.frame(ell)
         Xr = self.anchor(ell) if rows is None else self.anchor(ell)[rows]
         valid = self.valid if rows is None else self.valid[rows]
-        bias = self.bias if rows is None else self.bias[rows]
-        U, in_pass = self._attend(f, Y, Xr, valid, bias, scale, carry)
-        at_input = self._terms(f, Y, Xr, valid, bias, in_pass, None) if need_input else None
+        U, in_pass = self._attend(f, Y, Xr, valid, scale, carry)
+        at_input = self._terms(f, Y, Xr, valid, in_pass, None) if need_input else None
         Y_new, hidden = self._ffn(f, U, scale, f.W, None)
-        at_middle = self._terms(f, U, Xr, valid, bias, None, hidden) if substeps else None
+        at_middle = self._terms(f, U, Xr, valid, None, hidden) if substeps else None
         reuse = self.exp and self.tied and ell < self.depth - 1       # the next step starts from Y_new
-        out_pass = self._pass(f, Y_new, bias, average=reuse)
-        at_output = self._terms(f, Y_new, Xr, valid, bias, out_pass, None)
+        out_pass = self._pass(f, Y_new, valid, average=reuse)
+        at_output = self._terms(f, Y_new, Xr, valid, out_pass, None)
         return LayerTrace(U, Y_new, at_middle, at_output, at_input, in_pass, out_pass if reuse else None)
 
-    def _pass(self, f: _Frame, Y: Tensor, bias: Tensor, average: bool) -> AttentionPass | None:
+    def _pass(self, f: _Frame, Y: Tensor, valid: Tensor, average: bool) -> AttentionPass | None:
         if not self.exp:
             return None
         B, n, d = Y.shape
         H = f.layer.attention.H
-        return offdiagonal_pass(Y.view(B, n, H, d // H), f.scales, bias, average=average)
+        return offdiagonal_pass(Y.view(B, n, H, d // H), f.scales, valid, average=average)
 
-    def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, bias: Tensor,
+    def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor,
                attention: AttentionPass | None, hidden: Tensor | None) -> EnergyTerms:
         """E_ℓ's terms at Y (this basis): E_A + λ⁻¹½‖Y − X‖² and E_H, squares summed per row then in float64.
 
         `attention`: the pass at Y (computed when None); `hidden`: ReLU(Y W̃ + b) when known."""
         att = f.layer.attention
         if self.exp:
-            attention = attention if attention is not None else self._pass(f, Y, bias, average=False)
+            attention = attention if attention is not None else self._pass(f, Y, valid, average=False)
             e_attention = mass_energy(attention.log_mass, valid)
         else:
             factors = isotropic_factors(f.scales, Y.shape[-1])

@@ -92,7 +92,7 @@ def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *,
 
 # ----------------------------------------------------------------------------- one pass per state
 def key_bias(valid: Tensor, dtype: torch.dtype) -> Tensor:
-    """0 for real keys, MASKED for padded ones: (B, n) bool (True = real) -> (B, n, 1, 1)."""
+    """0 for real keys, MASKED for padded ones: (B, n) bool (True = real) -> (B, n, 1, 1) (of the last key column)."""
     return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, MASKED)[..., None, None]
 
 
@@ -103,22 +103,28 @@ def _diagonal_mask(start: int, rows: int, n: int, dtype: torch.dtype, device: to
     return mask[None, None]
 
 
-def offdiagonal_pass(C: Tensor, scales: Tensor | None, bias: Tensor, *, average: bool = True,
+def offdiagonal_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, average: bool = True,
                      rows: int | None = None, fused: bool | None = None) -> AttentionPass:
     """S_i and o_i (module doc) of every token and head, from head coordinates C (B, n, H, dh).
 
-    `scales` (H,): features a = s_h c (None: a = c); `bias` (B, n, 1, 1) from `key_bias`. With
+    `scales` (H,): features a = s_h c (None: a = c); `valid` (B, n) True = real token. The features are
+    centred on the mean of the real tokens first: z_ij does not change, and the logits lose the common
+    part of the a_i, which would otherwise cost float32 digits (round-off grows with ‖a_i‖²). With
     `average=False` only log S_i (the values are then the keys, which saves building them). `rows`:
     queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
     """
     B, n, H, dh = C.shape
-    a = C if scales is None else C * scales.to(C.dtype)[:, None]   # (B, n, H, dh)
-    half = 0.5 * a.pow(2).sum(-1, keepdim=True)                    # (B, n, H, 1) ½‖a_i‖²
+    weights = valid.to(C.dtype)                                    # (B, n)
+    mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
+    mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
+    s = torch.ones(H, 1, dtype=C.dtype, device=C.device) if scales is None else scales.to(C.dtype)[:, None]
+    a = torch.addcmul(-(mean * s), C, s)                           # (B, n, H, dh) a_i − mean = s_h (c_i − mean)
+    half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
-    k = torch.cat([a, bias - half], dim=-1)                        # (B, n, H, dh + 1)
+    k = torch.cat([a, key_bias(valid, C.dtype) - half], dim=-1)    # (B, n, H, dh + 1)
     if average:
         v = torch.cat([C, torch.zeros_like(half)], dim=-1)         # (B, n, H, dh + 1), last column 0 (_FusedSoftmax)
-    elif torch.is_grad_enabled() and (a.requires_grad or bias.requires_grad):
+    elif torch.is_grad_enabled() and a.requires_grad:
         v = torch.cat([a, torch.zeros_like(half)], dim=-1)         # a differentiable LSE needs the zero column
     else:
         v = k                                                      # values unused: any tensor of the keys' shape

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
 from .rho import Rho, get_rho
-from .softmax import AttentionPass, key_bias, offdiagonal_pass
+from .softmax import AttentionPass, offdiagonal_pass
 
 
 # ----------------------------------------------------------------------------- subspaces
@@ -127,12 +127,12 @@ def isotropic_factors(scales: Tensor, d: int, subspaces: Tensor | None = None) -
     return scales[:, None, None] * subspaces.to(scales.dtype).transpose(1, 2)
 
 
-def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tensor, bias: Tensor,
+def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor,
                             alpha: float = 1.0, attention: AttentionPass | None = None) -> tuple[Tensor, AttentionPass]:
     """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
     C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
-    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `bias` (B, n, 1, 1) from `softmax.key_bias`. With the
+    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `valid` (B, n) True = real token. With the
     off-diagonal mass S_i and average o_i of `softmax.offdiagonal_pass` (β_ii = 1 split off),
         t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν)
             = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),   p_i = (ν c_i + x_i) / (ν + 1),
@@ -140,7 +140,7 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
     and the pass, whose log S_i gives E_A at C (`softmax.mass_energy`); pass `attention` to reuse one.
     """
     if attention is None or attention.average is None:
-        attention = offdiagonal_pass(C, scales, bias)
+        attention = offdiagonal_pass(C, scales, valid)
     log_nu = log_nu.to(C.dtype)
     p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[:, None])        # (B, n, H, dh) p_i
     gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
@@ -174,7 +174,7 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     if r.softmax:
         keep = valid[:, None, :, None]                             # padded rows zeroed: finite whatever they hold
         C, Xc = V.where(keep, 0.0).transpose(1, 2), Xh.where(keep, 0.0).transpose(1, 2)   # (B, n, H, dh)
-        new, _ = anchored_softmax_update(C, Xc, scales.to(Y.dtype), log_nu, key_bias(valid, Y.dtype))
+        new, _ = anchored_softmax_update(C, Xc, scales.to(Y.dtype), log_nu, valid)
         target = new.transpose(1, 2)                               # (B, H, n, dh)
     else:
         fac = isotropic_factors(scales.to(Y.dtype), d, subspaces)  # (H, dh, d)
