@@ -60,14 +60,15 @@ def _relative(a, b) -> float:
 VARIANTS = st.fixed_dictionaries({
     "tied": st.booleans(), "learn_basis": st.booleans(), "basis_map": st.sampled_from(["exp", "cayley"]),
     "alpha_attention": st.sampled_from([1.0, 0.6]), "alpha_ffn": st.sampled_from([1.0, 0.5, 1.7]),
-    "ffn": st.sampled_from(["tied", "none"])})
+    "ffn": st.sampled_from(["tied", "none"]), "rho": st.sampled_from(["exp", "exp", "log"])})
 
 
 @examples(200)
 @given(seed=st.integers(0, 10**6), variant=VARIANTS, traced=st.booleans())
 def test_rotated_stack_equals_the_module_path_outputs_and_gradients(seed, variant, traced):
     """Same parameters, same function: outputs and all gradients agree to float64 round-off (≤ 1e-12
-    relative) for tied/untied layers, both orthogonal maps, no learned basis, α = 1 and α ≠ 1, no FFN."""
+    relative) for tied/untied layers, both orthogonal maps, no learned basis, α = 1 and α ≠ 1, no FFN,
+    and a ρ other than exp (whose steps run through the general path, in rotated coordinates)."""
     variant = dict(variant)
     if not variant["learn_basis"]:
         variant.pop("basis_map")

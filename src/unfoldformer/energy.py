@@ -12,7 +12,10 @@ all padding has energy 0.
 
 Pairwise distances come from Gram matrices (never O(n²·d) pair differences), queries
 are processed in chunks (memory O(n · chunk)), and ρ = −exp(−z) goes through
-log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²).
+log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²). For ρ = exp
+that log-sum-exp comes by default from one fused attention pass with the diagonal masked
+(`softmax_attention_energy`, padding-aware); `method="gram"` keeps the explicit Gram path,
+the reference.
 Every function returns a (B,) float64 tensor and is differentiable by autograd; the
 closed-form gradients used by the descent steps are here too, so tests compare them.
 
@@ -142,9 +145,8 @@ def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk
     Y (B, n, d), factors (H, k, d), `valid` (B, n) True = real token (unchecked: callers validate). Costs
     what the real tokens cost: real tokens are moved to the front of each row, rows sorted by length and
     grouped so that each group is cut to its longest row and no row is shorter than `bucket_ratio` of it.
-    The pass runs in Y's precision; log S_i per row and head are summed in float64. Float32 states get
-    E_A to about eps₃₂ · max_i ‖a_i‖² relative (the Gram path: the state's own rounding only).
-    `chunk_size`: queries per chunk of the diagonal mask.
+    The features a = Y F_hᵀ are formed in Y's precision, the pass and every sum run in float64 (as the
+    Gram path). `chunk_size`: queries per chunk of the diagonal mask.
     """
     B, n, _ = Y.shape
     total = torch.zeros(B, dtype=torch.float64, device=Y.device)

@@ -103,7 +103,9 @@ class RotatedStack:
         self.frames = [_frame(layer, X.dtype) for layer in model.layers]
         self.exp = get_rho(self.frames[0].layer.attention.rho).softmax
         self.X, self.valid = X, valid
-        X0 = X.where(valid[..., None], 0.0)                          # padded rows zeroed (restored by `finish`)
+        # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
+        # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
+        X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
         self.anchors = [X0 if f.Q is None else X0 @ f.Q for f in self.frames]   # (B, n, d) X̃ per distinct layer
         self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
 
