@@ -177,7 +177,7 @@ def bench_c(repeats: int, B: int = 32, n: int = 128, d: int = 384) -> dict:
            "ffn_before": out.ffn_before, "ffn_after": out.ffn_after}
     rel = {k: float(((got[k] - v).abs() / s).max()) for k, (v, s) in ref.items()}
     plain = statistics.median(times["plain"])
-    return {"median_s": {m: statistics.median(t) for m, t in times.items()},
+    return {"times_s": times, "median_s": {m: statistics.median(t) for m, t in times.items()},
             "overhead": {m: statistics.median(t) / plain - 1 for m, t in times.items() if m != "plain"},
             "max_rel_diff": rel, "repeats": repeats}
 

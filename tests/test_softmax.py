@@ -7,7 +7,7 @@ from torch.nn.utils import parametrizations
 from conftest import D64
 from unfoldformer import energy as E
 from unfoldformer.bases import cayley_map, exp_map, orthogonal_basis
-from unfoldformer.softmax import MASKED, mass_energy, offdiagonal_pass, softmax_with_lse
+from unfoldformer.softmax import MASKED, attention_pass, mass_energy, softmax_with_lse
 
 
 def _case(seed: int, B=2, H=3, n=7, dh=4, scale=1.0, dtype=D64):
@@ -51,10 +51,11 @@ def test_fused_kernel_values_and_gradients_equal_explicit_logits():
 
 
 @pytest.mark.parametrize("rows", [None, 1, 3])
-def test_offdiagonal_pass_equals_the_pair_definition(rows):
-    """log S_i = log Σ_{j≠i, real} e^{−z_ij} and o_i = Σ_{j≠i} e^{−z_ij} c_j / S_i, in query chunks of any size."""
+def test_attention_pass_equals_the_pair_definition(rows):
+    """log S_i = log Σ_{j≠i, real} e^{−z_ij} and o_i = Σ_{j≠i} e^{−z_ij} c_j / S_i, in query chunks of any size;
+    with the diagonal, log d_i = log Σ_{j real} e^{−z_ij} and its average (real queries)."""
     C, valid, scales = _case(1)
-    res = offdiagonal_pass(C, scales, valid, rows=rows)
+    res = attention_pass(C, scales, valid, rows=rows)
     z, pair = _pairs(C, valid, scales)
     weights = torch.where(pair, torch.exp(-z), 0.0)                 # (B, H, n, n)
     mass = weights.sum(-1).transpose(1, 2)                           # (B, n, H)
@@ -68,7 +69,17 @@ def test_offdiagonal_pass_equals_the_pair_definition(rows):
     sel = has_pairs.transpose(1, 2)[..., None].expand_as(got)
     assert torch.allclose(got[sel], average[sel], rtol=1e-12, atol=1e-12)
     expected = -0.5 * torch.where(pair, torch.exp(-z), 0.0).sum(dim=(1, 2, 3))
-    assert torch.allclose(mass_energy(res.log_mass, valid), expected, rtol=1e-12, atol=0)
+    assert torch.allclose(mass_energy(res, valid), expected, rtol=1e-12, atol=0)
+    full = attention_pass(C, scales, valid, diagonal=True)
+    eye = torch.eye(C.shape[1], dtype=torch.bool)
+    weights = torch.where(pair | (eye & valid[:, None, :, None]), torch.exp(-z), 0.0)   # j = i counted
+    real = valid[..., None].expand_as(mass)
+    assert torch.allclose(full.log_mass[real], weights.sum(-1).transpose(1, 2).log()[real], rtol=1e-12, atol=1e-12)
+    average = ((weights @ C.transpose(1, 2)) / weights.sum(-1, keepdim=True).clamp_min(1e-300)).transpose(1, 2)
+    sel = real[..., None].expand_as(average)
+    assert torch.allclose(full.average[sel], average[sel], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="off-diagonal"):
+        mass_energy(full, valid)
 
 
 def test_masking_the_diagonal_keeps_precision_for_well_separated_tokens():

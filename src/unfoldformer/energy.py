@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .rho import Rho, get_rho
-from .softmax import mass_energy, offdiagonal_pass
+from .softmax import attention_pass, mass_energy
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
@@ -105,8 +105,8 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     """E_A(Y) = Σ_h Σ_{i<j} ρ(½‖(y_i − y_j) F_hᵀ‖²) over real tokens, as (B,) float64.
 
     Y: (B, n, d); factors: (H, k, d) or (k, d); `padding_mask` (B, n) bool, True marks padding.
-    For ρ = exp, `method="fused"` (default) runs `softmax_attention_energy` (one fused pass in Y's
-    precision, padding-aware); `method="gram"` the float64 Gram-matrix path, the reference.
+    For ρ = exp, `method="fused"` (default) runs `softmax_attention_energy` (one fused float64 pass,
+    padding-aware); `method="gram"` the float64 Gram-matrix path, the reference.
     """
     valid = check_states(Y, padding_mask, check_finite=check_finite)
     F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
@@ -140,7 +140,7 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
 
 def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk_size: int | None = None,
                              bucket_ratio: float = 0.8) -> Tensor:
-    """E_A for ρ = exp, −½ Σ_h Σ_i Σ_{j≠i} e^{−z_ij}, from one fused softmax pass (`softmax.offdiagonal_pass`).
+    """E_A for ρ = exp, −½ Σ_h Σ_i Σ_{j≠i} e^{−z_ij}, from one fused softmax pass (`softmax.attention_pass`).
 
     Y (B, n, d), factors (H, k, d), `valid` (B, n) True = real token (unchecked: callers validate). Costs
     what the real tokens cost: real tokens are moved to the front of each row, rows sorted by length and
@@ -157,8 +157,7 @@ def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk
             Yg = Y[rows].gather(1, order[..., None].expand(-1, -1, Y.shape[-1]))  # (b, length, d)
             vg = valid[rows].gather(1, order)                       # (b, length)
         a = torch.einsum("bnd,hkd->bnhk", Yg, factors).to(torch.float64)   # (b, length, H, k), in Y's precision
-        attention = offdiagonal_pass(a, None, vg, average=False, rows=chunk_size)
-        energy = mass_energy(attention.log_mass, vg)                # (b,)
+        energy = mass_energy(attention_pass(a, None, vg, average=False, rows=chunk_size), vg)   # (b,)
         if rows is None:
             return energy
         total[rows] = energy

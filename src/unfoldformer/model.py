@@ -24,7 +24,7 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
 - `attention_before`, `attention_after` (B, depth): the attention term of E_ℓ at Y⁽ℓ⁻¹⁾ and
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
 For ρ = exp each state's attention pass serves both its energy and the step from it
-(`softmax.offdiagonal_pass`), so the curve of a tied model costs one extra pass in all, plus the
+(`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
 FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
 """
 from __future__ import annotations
@@ -96,8 +96,8 @@ class _Step:
 
 
 def _take(value, rows: Tensor | None):
-    """Rows of a tensor or of a named tuple of tensors (None stays None; rows None: all)."""
-    if value is None or rows is None:
+    """Rows of a tensor or of a named tuple of tensors (None and plain values stay; rows None: all)."""
+    if value is None or rows is None or not isinstance(value, (Tensor, tuple)):
         return value
     if isinstance(value, Tensor):
         return value[rows]
@@ -105,9 +105,12 @@ def _take(value, rows: Tensor | None):
 
 
 def _put(value, rows: Tensor, new):
-    """`value` with `rows` replaced by `new` (tensors or named tuples of them; None when either is None)."""
+    """`value` with `rows` replaced by `new` (tensors or named tuples of them; None when either is None;
+    plain values are taken from `new`)."""
     if value is None or new is None:
         return None
+    if not isinstance(value, (Tensor, tuple)):
+        return new
     if isinstance(value, Tensor):
         return new if rows.numel() == value.shape[0] else value.index_copy(0, rows, new)   # rows sorted, unique
     return type(value)(*(_put(v, rows, w) for v, w in zip(value, new)))

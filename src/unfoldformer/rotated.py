@@ -33,7 +33,7 @@ from torch import Tensor
 from . import energy as E
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer
 from .rho import get_rho
-from .softmax import AttentionPass, mass_energy, offdiagonal_pass
+from .softmax import AttentionPass, attention_pass, mass_energy
 from .steps import anchored_attention_step, anchored_softmax_update, isotropic_factors
 
 __all__ = ["RotatedStack", "runs_rotated"]
@@ -185,6 +185,8 @@ class RotatedStack:
         f = self.frame(ell)
         Xr = self.anchor(ell) if rows is None else self.anchor(ell)[rows]
         valid = self.valid if rows is None else self.valid[rows]
+        if carry is None and need_input and self.exp:                # one pass for E_ℓ at Y and the step from Y
+            carry = self._pass(f, Y, valid, average=True)
         U, in_pass = self._attend(f, Y, Xr, valid, scale, carry)
         at_input = self._terms(f, Y, Xr, valid, in_pass, None) if need_input else None
         Y_new, hidden = self._ffn(f, U, scale, f.W, None)
@@ -199,7 +201,7 @@ class RotatedStack:
             return None
         B, n, d = Y.shape
         H = f.layer.attention.H
-        return offdiagonal_pass(Y.view(B, n, H, d // H), f.scales, valid, average=average)
+        return attention_pass(Y.view(B, n, H, d // H), f.scales, valid, average=average)
 
     def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor,
                attention: AttentionPass | None, hidden: Tensor | None) -> EnergyTerms:
@@ -209,7 +211,7 @@ class RotatedStack:
         att = f.layer.attention
         if self.exp:
             attention = attention if attention is not None else self._pass(f, Y, valid, average=False)
-            e_attention = mass_energy(attention.log_mass, valid)
+            e_attention = mass_energy(attention, valid)
         else:
             factors = isotropic_factors(f.scales, Y.shape[-1])
             e_attention = E.attention_energy(Y, factors, att.rho, ~valid, check_finite=False)

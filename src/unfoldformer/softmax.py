@@ -11,11 +11,14 @@ and S_i (`steps.anchored_softmax_update`). One softmax pass gives both: the logi
 a_i·a_j − ½‖a_j‖² (augmented queries [a_i, 1], keys [a_j, −½‖a_j‖²]) differ from −z_ij by the row
 constant ½‖a_i‖², so the softmax over j is o_i and log S_i = LSE_i − ½‖a_i‖².
 
-The diagonal is masked (logit −1e30), never subtracted: counting it would give S_i as (1 + S_i) − 1,
-which loses every digit once S_i is small (well-separated tokens). The mask is (chunk × n), shared
-by the batch and the heads, and queries run in chunks of at most `_MASK_ELEMENTS / n`. Padded keys
-get the logit −1e30 through their key column, so they take no weight; padded queries are computed
-(finite, since their rows are finite) and ignored by every caller.
+For the energy the diagonal is masked (logit −1e30), never subtracted: counting it would give S_i as
+(1 + S_i) − 1, which loses every digit once S_i is small (well-separated tokens). The mask is
+(chunk × n), shared by the batch and the heads (views of one buffer), and queries run in chunks of
+at most `_MASK_ELEMENTS / n`, so memory stays O(n) with gradients too. A step that needs no energy
+uses the pass with the diagonal (`diagonal=True`: the mass d_i = 1 + S_i and its average, which
+the step needs as they are, with no subtraction): no mask, one call. Padded keys get the logit
+−1e30 through their key column, so they take no weight; padded queries are computed (finite, since
+their rows are finite) and ignored by every caller.
 
 On CPU (float32, float64) the pass is PyTorch's fused flash-attention kernel, which stores no n×n
 weights and returns the row log-sum-exp; `_FusedSoftmax` makes that log-sum-exp differentiable (its
@@ -29,7 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionPass", "MASKED", "key_bias", "mass_energy", "offdiagonal_pass", "softmax_with_lse"]
+__all__ = ["AttentionPass", "MASKED", "attention_pass", "key_bias", "mass_energy", "softmax_with_lse"]
 
 MASKED = -1e30               # logit of a masked pair: e^{MASKED − max} is exactly 0 in float32 and float64
 _MASK_ELEMENTS = 1 << 20     # entries of one (chunk, n) diagonal mask: 4 MiB in float32
@@ -37,14 +40,16 @@ _FUSED_DTYPES = (torch.float32, torch.float64)
 
 
 class AttentionPass(NamedTuple):
-    """The off-diagonal softmax of one state, per token and head (block layout, heads contiguous)."""
+    """The softmax of one state, per token and head (block layout, heads contiguous)."""
 
     average: Tensor | None   # (B, n, H, dh) o_i, or None when only the energy was asked for
-    log_mass: Tensor         # (B, n, H) log S_i = log Σ_{j≠i} e^{−z_ij} (about −1e30 when no other real token)
+    log_mass: Tensor         # (B, n, H) log S_i = log Σ_{j≠i} e^{−z_ij} (about −1e30 when no other real token),
+                             # or log d_i = log Σ_j e^{−z_ij} with `diagonal`
+    diagonal: bool = False   # whether j = i is counted (then no energy can be read from it)
 
 
 # ----------------------------------------------------------------------------- the fused kernel
-def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=1.0)
 
 
@@ -57,7 +62,7 @@ class _FusedSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
         out, lse = _fused(q, k, v, mask)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         return out, lse
@@ -75,18 +80,20 @@ class _FusedSoftmax(torch.autograd.Function):
         return (*grads, None)
 
 
-def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *,
+def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                      fused: bool | None = None) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)), scale 1, both differentiable.
 
     q (B, H, c, w), k and v (B, H, n, w) with equal widths and **v's last column zero**; mask (1, 1, c, n)
-    additive. Returns (B, H, c, w) and (B, H, c). `fused`: the CPU flash kernel (default where it runs).
+    additive, or None. Returns (B, H, c, w) and (B, H, c). `fused`: the CPU flash kernel (default where
+    it runs).
     """
     if fused is None:
         fused = q.device.type == "cpu" and q.dtype in _FUSED_DTYPES
     if fused:
-        return _FusedSoftmax.apply(q, k, v, mask.to(q.dtype))
-    logits = q @ k.transpose(-1, -2) + mask                        # (B, H, c, n)
+        return _FusedSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype))
+    logits = q @ k.transpose(-1, -2)                               # (B, H, c, n)
+    logits = logits if mask is None else logits + mask
     return torch.softmax(logits, dim=-1) @ v, torch.logsumexp(logits, dim=-1)
 
 
@@ -96,22 +103,24 @@ def key_bias(valid: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, MASKED)[..., None, None]
 
 
-def _diagonal_mask(start: int, rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """MASKED at (i, start + i), 0 elsewhere: (1, 1, rows, n)."""
-    mask = torch.zeros(rows, n, dtype=dtype, device=device)
-    mask[torch.arange(rows, device=device), torch.arange(start, start + rows, device=device)] = MASKED
-    return mask[None, None]
+def _diagonal_band(rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """E (rows, 2n) with MASKED at (i, n + i): its column slice E[:c, n − s : 2n − s] is the (c, n) mask of the
+    query chunk starting at s (MASKED at (i, s + i)), a view, so every chunk shares one O(rows · n) buffer."""
+    band = torch.zeros(rows, 2 * n, dtype=dtype, device=device)
+    band[torch.arange(rows, device=device), n + torch.arange(rows, device=device)] = MASKED
+    return band
 
 
-def offdiagonal_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, average: bool = True,
-                     rows: int | None = None, fused: bool | None = None) -> AttentionPass:
+def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal: bool = False,
+                   average: bool = True, rows: int | None = None, fused: bool | None = None) -> AttentionPass:
     """S_i and o_i (module doc) of every token and head, from head coordinates C (B, n, H, dh).
 
     `scales` (H,): features a = s_h c (None: a = c); `valid` (B, n) True = real token. The features are
     centred on the mean of the real tokens first: z_ij does not change, and the logits lose the common
-    part of the a_i, which would otherwise cost float32 digits (round-off grows with ‖a_i‖²). With
-    `average=False` only log S_i (the values are then the keys, which saves building them). `rows`:
-    queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
+    part of the a_i, which would otherwise cost float32 digits (round-off grows with ‖a_i‖²).
+    `diagonal`: count j = i (d_i and its average, one call without a mask; for steps, not energies).
+    With `average=False` only the log mass (the values are then the keys, which saves building them).
+    `rows`: queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
     """
     B, n, H, dh = C.shape
     weights = valid.to(C.dtype)                                    # (B, n)
@@ -128,21 +137,25 @@ def offdiagonal_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, average
         v = torch.cat([a, torch.zeros_like(half)], dim=-1)         # a differentiable LSE needs the zero column
     else:
         v = k                                                      # values unused: any tensor of the keys' shape
-    rows = max(1, min(n, _MASK_ELEMENTS // n if rows is None else int(rows)))
+    rows = n if diagonal else max(1, min(n, _MASK_ELEMENTS // n if rows is None else int(rows)))
+    band = None if diagonal else _diagonal_band(rows, n, C.dtype, C.device)   # (rows, 2n)
     outs, lses = [], []
     for s in range(0, n, rows):
         e = min(n, s + rows)
-        mask = _diagonal_mask(s, e - s, n, C.dtype, C.device)      # (1, 1, c, n)
+        mask = None if diagonal else band[None, None, : e - s, n - s: 2 * n - s]   # (1, 1, c, n) view at (i, s + i)
         out, lse = softmax_with_lse(q[:, s:e].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
                                     fused=fused)                   # (B, H, c, dh + 1), (B, H, c)
         outs.append(out.transpose(1, 2)[..., :dh] if average else None)
         lses.append(lse.transpose(1, 2))
     log_mass = (torch.cat(lses, dim=1) if len(lses) > 1 else lses[0]) - half[..., 0]   # (B, n, H)
     avg = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]) if average else None
-    return AttentionPass(avg, log_mass)
+    return AttentionPass(avg, log_mass, diagonal)
 
 
-def mass_energy(log_mass: Tensor, valid: Tensor) -> Tensor:
-    """E_A = −½ Σ_h Σ_{i real} S_i from log S_i (B, n, H) and `valid` (B, n): (B,) float64."""
+def mass_energy(attention: AttentionPass, valid: Tensor) -> Tensor:
+    """E_A = −½ Σ_h Σ_{i real} S_i from an off-diagonal pass (log S_i (B, n, H)) and `valid` (B, n): (B,) float64."""
+    if attention.diagonal:
+        raise ValueError("the energy needs the off-diagonal pass (diagonal=False)")
+    log_mass = attention.log_mass
     mass = torch.exp(log_mass.to(torch.float64)).sum(-1)          # (B, n)
     return -0.5 * torch.where(valid, mass, 0.0).sum(-1)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
 from .rho import Rho, get_rho
-from .softmax import AttentionPass, offdiagonal_pass
+from .softmax import AttentionPass, attention_pass
 
 
 # ----------------------------------------------------------------------------- subspaces
@@ -132,19 +132,24 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
     """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
     C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
-    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `valid` (B, n) True = real token. With the
-    off-diagonal mass S_i and average o_i of `softmax.offdiagonal_pass` (β_ii = 1 split off),
-        t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν)
-            = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),   p_i = (ν c_i + x_i) / (ν + 1),
-    and c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic with α). Returns c⁺ (B, n, H, dh)
-    and the pass, whose log S_i gives E_A at C (`softmax.mass_energy`); pass `attention` to reuse one.
+    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `valid` (B, n) True = real token. The target
+        t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = x_i + σ(log ν + log d_i) (o⁺_i − x_i)
+    from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average; the default, no mask), or, from an
+    off-diagonal pass `attention` (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C),
+        t_i = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν) = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),
+    p_i = (ν c_i + x_i) / (ν + 1). Then c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic
+    with α). Returns c⁺ (B, n, H, dh) and the pass.
     """
     if attention is None or attention.average is None:
-        attention = offdiagonal_pass(C, scales, valid)
+        attention = attention_pass(C, scales, valid, diagonal=True)
     log_nu = log_nu.to(C.dtype)
-    p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[:, None])        # (B, n, H, dh) p_i
-    gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
-    target = torch.lerp(p, attention.average, gate)                # (B, n, H, dh) t_i
+    if attention.diagonal:
+        gate = torch.sigmoid(log_nu + attention.log_mass)[..., None]   # (B, n, H, 1) ν d / (ν d + 1)
+        target = torch.lerp(Xc, attention.average, gate)           # (B, n, H, dh) t_i
+    else:
+        p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[:, None])    # (B, n, H, dh) p_i
+        gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
+        target = torch.lerp(p, attention.average, gate)            # (B, n, H, dh) t_i
     return (target if alpha == 1 else torch.lerp(C, target, float(alpha))), attention
 
 
