@@ -4,8 +4,8 @@ One layer applied `depth` times (tied) or `depth` layers (untied), built from a 
 `ModelConfig`. `forward(x, padding_mask=None, *, return_energies=False, safeguard=False)`;
 `padding_mask` is a bool (B, n) tensor in which **True marks padding** (PyTorch's
 key_padding_mask convention). The input is validated once per forward. Anchored layers with the
-tied FFN run in their own learned bases (`rotated.py`: same parameters, same results, no head
-projections); the other layers run as their modules.
+tied FFN run in their own learned bases (`rotated.py`: same parameters, the same results to
+round-off, no head projections); the other layers run as their modules.
 
 **Safeguard** (THEORY §3.5): each sub-step descends its own term, but a whole layer need not
 lower E = E_A + E_FFN. With `safeguard=True` every layer step is accepted per sample only if E
@@ -18,7 +18,7 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
   Untied: entry 0 is E_1(Y⁽⁰⁾) and entry ℓ ≥ 1 is E_ℓ(Y⁽ℓ⁾), the energy of the layer
   that produced the state; descent of layer ℓ is `layer_after[:, ℓ-1] <= layer_before[:, ℓ-1]`.
-- `layer_before`, `layer_after` (B, depth): E_ℓ(Y⁽ℓ⁻¹⁾) and E_ℓ(Y⁽ℓ⁾) (tied: views of the curve).
+- `layer_before`, `layer_after` (B, depth): E_ℓ(Y⁽ℓ⁻¹⁾) and E_ℓ(Y⁽ℓ⁾) (tied: the curve's entries).
 - `step_scales` (B, depth): the step scale accepted per layer (1 without the safeguard).
 `return_energies="steps"` adds the sub-step terms (one more attention energy per layer):
 - `attention_before`, `attention_after` (B, depth): the attention term of E_ℓ at Y⁽ℓ⁻¹⁾ and
