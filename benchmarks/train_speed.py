@@ -1,33 +1,42 @@
-"""Training-step speed of the accuracy benchmark's four models, measured side by side.
+"""Training-step speed of the accuracy benchmark's models, measured side by side in one process.
 
-The accuracy runs report each model's training tokens/s, but those runs take tens of minutes
-each and, on a shared 2-core machine, overlap with other work, so their ratios mix machine
-load into the model cost. This benchmark measures the ratio directly: the four models are
-built exactly as in `benchmarks/accuracy.py` (width 128, depth 6, 4 heads, FFN width 512,
-frozen 384-d table + one linear map, mean pooling, linear head, AdamW), and one training step
-(forward, backward, optimizer step) of each runs in turn, round after round, on the same
-batch, so every model sees the same machine state. Reported: the median step time over the
-rounds and the speed relative to the standard Transformer (its median time / the model's).
+The models are built exactly as in `benchmarks/accuracy.py` (width 128, depth 6, 4 heads, FFN width
+512, frozen 384-d table + one linear map, mean pooling, linear head, AdamW), plus two variants: the
+tied certified model without a learned basis (`learn_basis=False`) and the untied one with the Cayley
+orthogonal map (`basis_map="cayley"`). One training step (forward, backward, optimizer step) of each
+runs in turn, round after round, the order rotating every round, so every model sees the same machine
+state.
 
-Batches: 32 sequences at the benchmark's training lengths, SST-2 n = 64 and IMDB n = 256,
-with the last 20 % of every sequence padding (exercising the padding masks).
+- **A fresh batch every round** (the same batch for every model within a round). Repeating one batch
+  lets the certified models' gradients turn subnormal after a few steps, each step then running
+  3–18× slower; flush-denormal is set as well (`torch.set_flush_denormal(True)`), as a guard.
+- **CPU thread time and wall time**: the medians of both are reported; speed ratios use thread time
+  (`time.thread_time`, this thread's own CPU), which other processes on the machine move far less
+  than wall time.
+- **Load warning**: when the wall time exceeded the thread time by more than 15 % (the process waited
+  for a core) or the 1-minute load average exceeded the number of cores, the output says so.
+
+Batches: 32 sequences at the benchmark's training lengths, SST-2 n = 64 and IMDB n = 256, with the
+last 20 % of every sequence padding (exercising the padding masks).
 
     python benchmarks/train_speed.py [--rounds 7] [--lengths 64 256] [--threads 1] [--json FILE]
     python benchmarks/train_speed.py --rho log lp truncated linear --json FILE
 
-`--rho` adds the certified models with each named attention penalty ρ (keys `certified-tied:log`, …),
-stepping in the same rounds, and prints their speed relative to the same model with ρ = exp.
+`--rho` adds the certified models with each named attention penalty ρ (variants `certified-tied:log`,
+…), stepping in the same rounds, and prints their speed relative to the same model with ρ = exp.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from accuracy import MODEL, OPTIM, RHO_MODELS, model_section  # the accuracy benchmark's settings (same folder)
 from unfoldformer.rho import RHO_FAMILY
@@ -36,7 +45,14 @@ from unfoldformer.train.build import build_classifier, make_optimizer
 from unfoldformer.utils import environment
 
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
-         "paper": "paper preset", "standard": "standard pre-LN Transformer"}
+         "paper": "paper preset", "standard": "standard pre-LN Transformer",
+         "certified-tied-fixed-basis": "certified (tied), learn_basis=False",
+         "certified-untied-cayley": "certified (untied), Cayley map"}
+#: variant -> (kind, model overrides)
+VARIANTS = {**{kind: (kind, {}) for kind in KINDS},
+            "certified-tied-fixed-basis": ("certified-tied", {"learn_basis": False}),
+            "certified-untied-cayley": ("certified-untied", {"basis_map": "cayley"})}
+TARGETS = {"certified-tied": {64: 1.2, 256: 1.1}, "certified-untied": {64: 1.05, 256: 1.05}}
 
 
 class _Table:
@@ -46,17 +62,30 @@ class _Table:
         self.table, self.pad_id = torch.randn(vocab, dim, generator=torch.Generator().manual_seed(0)), 0
 
 
-def training_step(kind: str, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], table: _Table):
-    """A closure running one AdamW training step of the benchmark model `kind` on `batch`."""
-    model, _, rho = kind.partition(":")                               # "certified-tied:log": that model, ρ = log
-    cfg = TrainConfig.from_dict({"model": model_section(model, rho or "exp"), "data": {"dataset": "imdb"},
+def variant_model(variant: str) -> tuple[str, dict]:
+    """(kind, model overrides) of a variant; `KIND:RHO` is that certified model with attention penalty ρ."""
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    kind, _, rho = variant.partition(":")
+    return kind, {"rho": rho}
+
+
+def variant_name(variant: str) -> str:
+    kind, _, rho = variant.partition(":")
+    return NAMES[variant] if variant in NAMES else f"{NAMES[kind]}, ρ = {rho}"
+
+
+def training_step(variant: str, table: _Table):
+    """A function running one AdamW training step of the benchmark model `variant` on a given batch."""
+    kind, overrides = variant_model(variant)
+    cfg = TrainConfig.from_dict({"model": {**model_section(kind), **overrides}, "data": {"dataset": "imdb"},
                                  "optim": {k: OPTIM[k] for k in ("lr", "weight_decay")}})
     torch.manual_seed(0)
     model = build_classifier(cfg, table)
     optimizer = make_optimizer(model, cfg)
-    ids, mask, labels = batch
 
-    def step() -> None:
+    def step(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        ids, mask, labels = batch
         logits, _ = model(ids, mask)                                 # (B, classes)
         loss = F.cross_entropy(logits, labels)
         optimizer.zero_grad(set_to_none=True)
@@ -66,6 +95,7 @@ def training_step(kind: str, batch: tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def make_batch(batch_size: int, n: int, seed: int = 0):
+    """Random token ids (B, n), the last 20 % of every row padding, random labels (B,)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 30000, (batch_size, n), generator=g)      # (B, n)
     mask = torch.zeros(batch_size, n, dtype=torch.bool)              # (B, n) True = padding
@@ -73,17 +103,22 @@ def make_batch(batch_size: int, n: int, seed: int = 0):
     return ids, mask, torch.randint(0, 2, (batch_size,), generator=g)
 
 
-def measure(n: int, rounds: int, batch_size: int, table: _Table, kinds=KINDS) -> dict[str, list[float]]:
-    batch = make_batch(batch_size, n)
-    steps = {kind: training_step(kind, batch, table) for kind in kinds}
-    for step in steps.values():                                      # warm-up (allocations, caches)
-        step()
-    times: dict[str, list[float]] = {kind: [] for kind in steps}
-    for _ in range(rounds):
-        for kind, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[kind].append(time.perf_counter() - start)
+def measure(n: int, rounds: int, batch_size: int, table: _Table, variants: list[str], warmup: int = 2) -> dict:
+    """{"thread": {variant: [s]}, "wall": {variant: [s]}}: one step per variant per round, fresh batches.
+    CPU time is this thread's (`time.thread_time`) with one torch thread, the process's otherwise."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
+    steps = {v: training_step(v, table) for v in variants}
+    times: dict[str, dict[str, list[float]]] = {"thread": {v: [] for v in variants}, "wall": {v: [] for v in variants}}
+    for r in tqdm(range(warmup + rounds), desc=f"n = {n}", leave=False):
+        batch = make_batch(batch_size, n, seed=r)
+        order = variants[r % len(variants):] + variants[:r % len(variants)]   # rotating order
+        for v in order:
+            wall, cpu = time.perf_counter(), clock()
+            steps[v](batch)
+            cpu, wall = clock() - cpu, time.perf_counter() - wall
+            if r >= warmup:
+                times["thread"][v].append(cpu)
+                times["wall"][v].append(wall)
     return times
 
 
@@ -93,32 +128,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 256])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--json", help="also write the measurements here")
     p.add_argument("--rho", nargs="+", default=[], choices=sorted(set(RHO_FAMILY) - {"exp"}),
                    help="also step the certified models with these attention penalties")
     args = p.parse_args(argv)
+    args.variants = list(args.variants) + [f"{m}:{r}" for r in args.rho for m in RHO_MODELS]
     torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
     table = _Table()
-    kinds = KINDS + tuple(f"{m}:{r}" for r in args.rho for m in RHO_MODELS)
-    results = {n: measure(n, args.rounds, args.batch_size, table, kinds) for n in args.lengths}
-    lines = ["| model | " + " | ".join(f"n = {n}: s/step (median of {args.rounds}) | n = {n}: speed vs standard"
+    load_before = os.getloadavg()[0]
+    results = {n: measure(n, args.rounds, args.batch_size, table, args.variants) for n in args.lengths}
+    load_after = os.getloadavg()[0]
+    med = {n: {kind: {v: statistics.median(t) for v, t in r[kind].items()} for kind in r} for n, r in results.items()}
+    lines = ["| model | " + " | ".join(f"n = {n}: s/step (CPU) | n = {n}: s/step (wall) | n = {n}: speed vs standard"
                                       for n in args.lengths) + " |",
-             "|---|" + "---|---|" * len(args.lengths)]
-    for kind in kinds:
+             "|---|" + "---|---|---|" * len(args.lengths)]
+    for v in args.variants:
         cells = []
         for n in args.lengths:
-            med, base = statistics.median(results[n][kind]), statistics.median(results[n]["standard"])
-            cells += [f"{med:.3f}", f"{base / med:.2f}×"]
-            if ":" in kind:                                            # and relative to the same model with exp
-                cells[-1] += f" ({statistics.median(results[n][kind.partition(':')[0]]) / med:.2f}× exp)"
-        model, _, rho = kind.partition(":")
-        lines.append(f"| {NAMES[model]}{f', ρ = {rho}' if rho else ''} | " + " | ".join(cells) + " |")
+            cpu, wall = med[n]["thread"][v], med[n]["wall"][v]
+            ratio = med[n]["thread"]["standard"] / cpu if "standard" in med[n]["thread"] else float("nan")
+            target = TARGETS.get(v, {}).get(n)
+            cells += [f"{cpu:.3f}", f"{wall:.3f}", f"{ratio:.2f}×" + (f" (target ≥ {target}×)" if target else "")]
+            kind = v.partition(":")[0]
+            if ":" in v and kind in med[n]["thread"]:                  # and relative to the same model with exp
+                cells[-1] += f" ({med[n]['thread'][kind] / cpu:.2f}× exp)"
+        lines.append(f"| {variant_name(v)} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
-    print(f"\nB = {args.batch_size}, 20 % padding, {args.threads} thread(s); {environment()}")
+    print(f"\nB = {args.batch_size}, 20 % padding, a fresh batch per round, {args.threads} thread(s), flush-denormal "
+          f"on, median of {args.rounds} rounds after 2 warm-up rounds; ratios from CPU thread time; {environment()}")
+    waited = max(statistics.median(r["wall"][v]) / statistics.median(r["thread"][v])
+                 for r in results.values() for v in args.variants)
+    cores = os.cpu_count() or 1
+    if waited > 1.15 or max(load_before, load_after) > cores:
+        print(f"warning: the machine was loaded (1-minute load average {load_before:.1f} before, {load_after:.1f} "
+              f"after, on {cores} cores; wall time up to {waited:.2f}× the thread time): absolute times are "
+              "inflated, the side-by-side ratios much less so")
     if args.json:
-        Path(args.json).write_text(json.dumps({"batch_size": args.batch_size, "threads": args.threads,
-                                               "model": MODEL, "step_times_s": results,
-                                               "machine": environment()}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({
+            "batch_size": args.batch_size, "threads": args.threads, "rounds": args.rounds, "model": MODEL,
+            "flush_denormal": True, "fresh_batch_per_round": True, "clock": "thread_time",
+            "step_times_s": {n: r["thread"] for n, r in results.items()},
+            "wall_times_s": {n: r["wall"] for n, r in results.items()},
+            "load_average": [load_before, load_after], "machine": environment()}, indent=2) + "\n")
     return 0
 
 

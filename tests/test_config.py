@@ -42,6 +42,11 @@ def test_presets_resolve_to_complete_configs():
     ("standard", dict(dropout=1.0), r"dropout must lie in \[0, 1\)"),
     ("paper", dict(spectrum_bound=1.0), r"spectrum_bound must lie in \(0, 1\)"),
     ("bert", {}, "valid presets: certified"),
+    ("paper", dict(basis_map="cayley"), "basis_map applies only to a learned basis"),
+    ("certified", dict(learn_basis=False, basis_map="exp"), "basis_map applies only to a learned basis"),
+    ("paper-as-released", dict(basis_map="exp"), "basis_map does not apply"),
+    ("standard", dict(basis_map="cayley"), "basis_map does not apply"),
+    ("certified", dict(basis_map="householder"), "basis_map must be one of exp, cayley"),
 ])
 def test_invalid_configs_are_refused_naming_the_field(preset, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -92,3 +97,16 @@ def test_the_safeguard_is_a_forward_option_not_an_architecture_field():
     assert "safeguard" not in ModelConfig.preset("certified").to_dict()
     with pytest.raises(ConfigError, match="unknown ModelConfig field.*safeguard"):
         ModelConfig.preset("certified", safeguard=True)
+
+
+def test_basis_map_reaches_the_learned_bases_and_only_them():
+    from unfoldformer import UnfoldedTransformer
+    assert ModelConfig.preset("certified").basis_map == "exp"
+    assert ModelConfig.preset("certified", learn_basis=False).basis_map is None
+    assert ModelConfig.preset("paper").basis_map is None
+    assert ModelConfig.preset("paper", learn_basis=True, basis_map="cayley").basis_map == "cayley"
+    for preset, kw in (("certified", dict(tied=False)), ("paper", dict(learn_basis=True))):
+        cfg = ModelConfig.preset(preset, d_model=8, n_heads=2, depth=2, basis_map="cayley", **kw)
+        model = UnfoldedTransformer(cfg)
+        maps = {layer.attention.basis.parametrizations.weight[0].basis_map for layer in model.layers}
+        assert maps == {"cayley"} and ModelConfig.from_dict(cfg.to_dict()) == cfg

@@ -42,13 +42,14 @@ class SequenceClassifier(nn.Module):
         self.project = nn.Linear(e, d_model) if (project or e != d_model) else nn.Identity()
         self.encoder, self.head = encoder, nn.Linear(d_model, n_classes)
 
-    def forward(self, ids: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool = False,
+    def forward(self, ids: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool | str = False,
                 safeguard: bool = False):
         """ids (B, n) long; `padding_mask` (B, n) bool, True marks padding. Returns (logits (B, C), EncoderOutput).
 
-        `return_energies` and `safeguard` go to an unfolded encoder (see `UnfoldedTransformer.forward`)."""
+        `return_energies` (True / "curve" / "steps") and `safeguard` go to an unfolded encoder (see
+        `UnfoldedTransformer.forward`)."""
         x = self.project(self.embedding(ids))                      # (B, n, d_model)
-        options = {"return_energies": True} if return_energies else {}
+        options = {"return_energies": return_energies} if return_energies else {}
         if safeguard:
             options["safeguard"] = True
         out = self.encoder(x, padding_mask, **options)

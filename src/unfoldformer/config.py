@@ -27,17 +27,18 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .rho import RHO_FAMILY, get_rho
 
-__all__ = ["ATTENTION_KINDS", "FFN_KINDS", "ModelConfig", "PRESETS"]
+__all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "FFN_KINDS", "ModelConfig", "PRESETS"]
 
 ATTENTION_KINDS = ("anchored", "metric", "released", "standard")
+BASIS_MAPS = ("exp", "cayley")
 FFN_KINDS = ("tied", "symmetric", "released", "none", "standard")
 
 # Fields each attention / FFN kind uses, beyond the ones every encoder has.
 _COMMON = ("d_model", "n_heads", "depth")
 _UNFOLDED = ("tied", "certified")
 _ATTENTION_FIELDS = {
-    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis") + _UNFOLDED,
-    "metric": ("rho", "alpha_attention", "learn_basis") + _UNFOLDED,
+    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
+    "metric": ("rho", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
     "released": _UNFOLDED,
     "standard": ("dropout",),
 }
@@ -51,7 +52,7 @@ _FFN_FIELDS = {
 
 #: Values of fields that neither the user nor the preset sets.
 DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_weight=1.0, alpha_attention=1.0,
-                learn_basis=True, ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
+                learn_basis=True, basis_map="exp", ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
                 spectrum_method="clip", dropout=0.0, certified=False)
 
 PRESETS: dict[str, dict] = {
@@ -92,6 +93,7 @@ class ModelConfig:
     anchor_weight: float | None = None    # λ of anchored attention: E = E_A + E_FFN + λ⁻¹ ½‖Y − X‖²
     alpha_attention: float | None = None  # attention step size α (anchored, metric)
     learn_basis: bool | None = None       # learned orthogonal head subspaces (else contiguous blocks)
+    basis_map: str | None = None          # learned basis only: exp (matrix exponential) | cayley, of a skew matrix
     ffn_hidden: int | None = None         # hidden width m (tied FFN, standard MLP)
     alpha_ffn: float | None = None        # α of the tied FFN (F2) or η of the symmetric FFN (F1)
     relu: bool | None = None              # ReLU in the symmetric (F1) or released FFN
@@ -134,6 +136,11 @@ class ModelConfig:
                                       f"(preset {self.preset_name!r}); this model uses: {', '.join(sorted(used))}")
                 continue
             values[f] = mine if mine is not None else base.get(f, DEFAULTS[f])
+        if "basis_map" in values and not values["learn_basis"]:
+            if self.basis_map is not None:
+                raise ConfigError("basis_map applies only to a learned basis (learn_basis=True); "
+                                  f"preset {self.preset_name!r} here has learn_basis=False")
+            values["basis_map"] = None
         cfg = ModelConfig(**values)
         cfg._check_ranges()
         return cfg
@@ -188,6 +195,8 @@ class ModelConfig:
         if self.spectrum_bound is not None and not 0 < self.spectrum_bound < 1:
             raise ConfigError(f"spectrum_bound must lie in (0, 1) for a bounded-below F1 energy, "
                               f"got {self.spectrum_bound}")
+        if self.basis_map is not None and self.basis_map not in BASIS_MAPS:
+            raise ConfigError(f"basis_map must be one of {', '.join(BASIS_MAPS)}, got {self.basis_map!r}")
         if self.spectrum_method is not None and self.spectrum_method not in ("clip", "scale"):
             raise ConfigError(f"spectrum_method must be clip or scale, got {self.spectrum_method!r}")
         if self.dropout is not None and not 0 <= self.dropout < 1:

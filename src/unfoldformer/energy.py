@@ -12,7 +12,10 @@ all padding has energy 0.
 
 Pairwise distances come from Gram matrices (never O(n²·d) pair differences), queries
 are processed in chunks (memory O(n · chunk)), and ρ = −exp(−z) goes through
-log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²).
+log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²). For ρ = exp
+that log-sum-exp comes by default from one fused attention pass with the diagonal masked
+(`softmax_attention_energy`, padding-aware); `method="gram"` keeps the explicit Gram path,
+the reference.
 Every function returns a (B,) float64 tensor and is differentiable by autograd; the
 closed-form gradients used by the descent steps are here too, so tests compare them.
 
@@ -27,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .rho import Rho, get_rho
+from .softmax import attention_pass, mass_energy
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
@@ -107,14 +111,20 @@ def _chunk_size(B: int, H: int, n: int, chunk_size: int | None) -> int:
 
 def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
                      padding_mask: Tensor | None = None, *, chunk_size: int | None = None,
-                     check_finite: bool = True) -> Tensor:
+                     check_finite: bool = True, method: str = "fused") -> Tensor:
     """E_A(Y) = Σ_h Σ_{i<j} ρ(½‖(y_i − y_j) F_hᵀ‖²) over real tokens, as (B,) float64.
 
     Y: (B, n, d); factors: (H, k, d) or (k, d); `padding_mask` (B, n) bool, True marks padding.
+    For ρ = exp, `method="fused"` (default) runs `softmax_attention_energy` (one fused float64 pass,
+    padding-aware); `method="gram"` the float64 Gram-matrix path, the reference.
     """
     valid = check_states(Y, padding_mask, check_finite=check_finite)
     F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
     r = get_rho(rho)
+    if method not in ("fused", "gram"):
+        raise ValueError(f"unknown method {method!r}; valid: fused, gram")
+    if r.softmax and method == "fused":
+        return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size)
     a = head_features(Y, F).to(torch.float64)                      # (B, H, n, k), features in Y's precision
     sq = (a * a).sum(-1)                                           # (B, H, n)
     B, H, n, _ = a.shape
@@ -136,6 +146,51 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
             vals = torch.where(pair, r.value(z), torch.zeros((), dtype=z.dtype, device=z.device))
             total = total + 0.5 * vals.sum(dim=(1, 2, 3))
     return total
+
+
+def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk_size: int | None = None,
+                             bucket_ratio: float = 0.8) -> Tensor:
+    """E_A for ρ = exp, −½ Σ_h Σ_i Σ_{j≠i} e^{−z_ij}, from one fused softmax pass (`softmax.attention_pass`).
+
+    Y (B, n, d), factors (H, k, d), `valid` (B, n) True = real token (unchecked: callers validate). Costs
+    what the real tokens cost: real tokens are moved to the front of each row, rows sorted by length and
+    grouped so that each group is cut to its longest row and no row is shorter than `bucket_ratio` of it.
+    The features a = Y F_hᵀ are formed in Y's precision, the pass and every sum run in float64 (as the
+    Gram path). `chunk_size`: queries per chunk of the diagonal mask.
+    """
+    B, n, _ = Y.shape
+    total = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    for rows, length in _length_groups(valid, bucket_ratio):
+        Yg, vg = Y, valid
+        if rows is not None:
+            order = torch.argsort((~valid[rows]).to(torch.int8), dim=1, stable=True)[:, :length]  # real tokens first
+            Yg = Y[rows].gather(1, order[..., None].expand(-1, -1, Y.shape[-1]))  # (b, length, d)
+            vg = valid[rows].gather(1, order)                       # (b, length)
+        a = torch.einsum("bnd,hkd->bnhk", Yg, factors).to(torch.float64)   # (b, length, H, k), in Y's precision
+        energy = mass_energy(attention_pass(a, None, vg, average=False, rows=chunk_size), vg)   # (b,)
+        if rows is None:
+            return energy
+        total[rows] = energy
+    return total
+
+
+def _length_groups(valid: Tensor, ratio: float) -> list[tuple[Tensor | None, int]]:
+    """(rows, length) groups of a padded batch, rows sorted by real length, each row at least `ratio` of
+    its group's longest; rows without real tokens are left out. [(None, n)]: no padding at all."""
+    if bool(valid.all()):
+        return [(None, valid.shape[1])]
+    lengths = valid.sum(1)                                         # (B,)
+    order = torch.argsort(lengths, descending=True).tolist()
+    sizes = lengths.tolist()
+    groups, start = [], 0
+    while start < len(order) and sizes[order[start]] > 0:
+        top = sizes[order[start]]
+        end = start + 1
+        while end < len(order) and sizes[order[end]] >= ratio * top:
+            end += 1
+        groups.append((torch.tensor(order[start:end], device=valid.device), top))
+        start = end
+    return groups
 
 
 def pair_weights(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",

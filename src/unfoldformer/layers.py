@@ -14,7 +14,9 @@ energy is their sum:
 - `TiedFFN` (F2): W2 = W1ᵀ; energy E_H.
 
 `UnfoldedLayer` runs the two sub-steps; `traced` also returns the energy terms at its input's
-successors (named `EnergyTerms`), which the model's energy curve and safeguard use.
+successors (named `EnergyTerms`), which the model's energy curve and safeguard use. Anchored layers
+with the tied FFN (or none) run inside the model in their own bases instead (`rotated.py`), with the
+same parameters and results; these modules stay the reference for them.
 
 `padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float in
 [0, 1]) multiplies the step size; the safeguard uses it.
@@ -29,13 +31,8 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from . import energy as E
+from .bases import orthogonal_basis
 from .steps import anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step, tied_ffn_step
-
-
-def _orthogonal_basis(d: int) -> nn.Linear:
-    lin = nn.Linear(d, d, bias=False)
-    nn.init.eye_(lin.weight)
-    return nn.utils.parametrizations.orthogonal(lin)
 
 
 def _head_subspaces(basis: nn.Module | None, H: int, d: int) -> Tensor | None:
@@ -48,12 +45,17 @@ def _head_subspaces(basis: nn.Module | None, H: int, d: int) -> Tensor | None:
 class AnchoredAttention(nn.Module):
     """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3)."""
 
-    def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool):
+    def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
+                 basis_map: str = "exp"):
         super().__init__()
         self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
         dh = d // n_heads
         self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
-        self.basis = _orthogonal_basis(d) if learn_basis else None
+        self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
+
+    def log_nu(self) -> Tensor:
+        """log ν_h = log(λ s_h²): (H,)."""
+        return math.log(self.lam) + 2 * self.log_scale
 
     def subspaces(self) -> Tensor | None:
         return _head_subspaces(self.basis, self.H, self.d)
@@ -76,14 +78,14 @@ class MetricAttention(nn.Module):
     One head (the `paper` preset): F = A acts on all d coordinates, value = identity.
     """
 
-    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool):
+    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool, basis_map: str = "exp"):
         super().__init__()
         self.d, self.H, self.rho, self.alpha = d, n_heads, rho, alpha
         dh = d // n_heads
         self.A = nn.Parameter(torch.empty(n_heads, dh, dh))
         for h in range(n_heads):
             nn.init.xavier_normal_(self.A.data[h])
-        self.basis = _orthogonal_basis(d) if learn_basis else None
+        self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
 
     def subspaces(self) -> Tensor | None:
         return _head_subspaces(self.basis, self.H, self.d)
@@ -196,10 +198,13 @@ class EnergyTerms(NamedTuple):
 class LayerTrace(NamedTuple):
     """A layer applied to a batch, with its energy terms: U = attention step at Y, Y⁺ = FFN step at U."""
 
-    middle: Tensor             # U (B, n, d)
-    output: Tensor             # Y⁺ (B, n, d)
-    at_middle: EnergyTerms     # E_ℓ terms at U
-    at_output: EnergyTerms     # E_ℓ terms at Y⁺
+    middle: Tensor                       # U (B, n, d)
+    output: Tensor                       # Y⁺ (B, n, d)
+    at_middle: EnergyTerms | None        # E_ℓ terms at U (None unless the sub-step energies were asked for)
+    at_output: EnergyTerms               # E_ℓ terms at Y⁺
+    at_input: EnergyTerms | None = None  # E_ℓ terms at Y, when the layer computed them
+    input_pass: object | None = None     # the attention pass at Y the step used (`softmax.AttentionPass`), if any
+    output_pass: object | None = None    # the attention pass at Y⁺, for the next step from Y⁺ to reuse
 
 
 class UnfoldedLayer(nn.Module):
@@ -213,15 +218,21 @@ class UnfoldedLayer(nn.Module):
         U = self.attention(Y, X, padding_mask, scale)
         return self.ffn(U, padding_mask, scale) if self.ffn is not None else U
 
-    def traced(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> LayerTrace:
-        """The step and the energy terms at U and Y⁺; the tied FFN shares its hidden layer with E_H(U)."""
+    def traced(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0,
+               substeps: bool = True) -> LayerTrace:
+        """The step and the energy terms at Y⁺ and (`substeps`) at U; the tied FFN shares its hidden layer
+        with E_H(U)."""
         U = self.attention(Y, X, padding_mask, scale)
-        if isinstance(self.ffn, TiedFFN):
-            Y_new, ffn_u = self.ffn.step_and_energy(U, padding_mask, scale)
-        else:
+        at_middle = None
+        if not substeps:
             Y_new = self.ffn(U, padding_mask, scale) if self.ffn is not None else U
-            ffn_u = self.ffn_energy(U, padding_mask)
-        at_middle = EnergyTerms(self.attention.energy(U, X, padding_mask), ffn_u)
+        else:
+            if isinstance(self.ffn, TiedFFN):
+                Y_new, ffn_u = self.ffn.step_and_energy(U, padding_mask, scale)
+            else:
+                Y_new = self.ffn(U, padding_mask, scale) if self.ffn is not None else U
+                ffn_u = self.ffn_energy(U, padding_mask)
+            at_middle = EnergyTerms(self.attention.energy(U, X, padding_mask), ffn_u)
         return LayerTrace(U, Y_new, at_middle, self.energy_terms(Y_new, X, padding_mask))
 
     def ffn_energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:

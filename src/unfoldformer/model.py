@@ -3,23 +3,29 @@
 One layer applied `depth` times (tied) or `depth` layers (untied), built from a resolved
 `ModelConfig`. `forward(x, padding_mask=None, *, return_energies=False, safeguard=False)`;
 `padding_mask` is a bool (B, n) tensor in which **True marks padding** (PyTorch's
-key_padding_mask convention).
+key_padding_mask convention). The input is validated once per forward. Anchored layers with the
+tied FFN run in their own learned bases (`rotated.py`: same parameters, the same results to
+round-off, no head projections); the other layers run as their modules.
 
 **Safeguard** (THEORY §3.5): each sub-step descends its own term, but a whole layer need not
 lower E = E_A + E_FFN. With `safeguard=True` every layer step is accepted per sample only if E
 does not rise (beyond `descent_tolerance`); otherwise its step size is halved, up to
 `max_halvings` times, after which the sample keeps its state (the layer is skipped for it). The
-energy curve then never rises, by construction. It costs the energies of every layer (about
-4–8× plain inference on CPU), so it is off unless asked for.
+energy curve then never rises, by construction. It needs the energies of every layer, so it is
+off unless asked for.
 
-Energies returned with `return_energies=True` (or `safeguard=True`), all (B, ·) float64:
+Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
   Untied: entry 0 is E_1(Y⁽⁰⁾) and entry ℓ ≥ 1 is E_ℓ(Y⁽ℓ⁾), the energy of the layer
   that produced the state; descent of layer ℓ is `layer_after[:, ℓ-1] <= layer_before[:, ℓ-1]`.
-- `layer_before`, `layer_after` (B, depth): E_ℓ(Y⁽ℓ⁻¹⁾) and E_ℓ(Y⁽ℓ⁾).
+- `layer_before`, `layer_after` (B, depth): E_ℓ(Y⁽ℓ⁻¹⁾) and E_ℓ(Y⁽ℓ⁾) (tied: the curve's entries).
+- `step_scales` (B, depth): the step scale accepted per layer (1 without the safeguard).
+`return_energies="steps"` adds the sub-step terms (one more attention energy per layer):
 - `attention_before`, `attention_after` (B, depth): the attention term of E_ℓ at Y⁽ℓ⁻¹⁾ and
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
-- `step_scales` (B, depth): the step scale accepted per layer (1 without the safeguard).
+For ρ = exp each state's attention pass serves both its energy and the step from it
+(`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
+FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from .energy import check_dtype, check_states
 from .errors import ConfigError
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
+from .rotated import RotatedStack, runs_rotated
 
 __all__ = ["EncoderOutput", "UnfoldedTransformer", "build_layer"]
 
@@ -43,9 +50,10 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     """One attention + FFN layer of a resolved unfolded config."""
     d, H = cfg.d_model, cfg.n_heads
     if cfg.attention == "anchored":
-        attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis)
+        attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
+                                 cfg.basis_map or "exp")
     elif cfg.attention == "metric":
-        attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis)
+        attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp")
     else:
         attn = ReleasedAttention(d)
     ffn = {"tied": lambda: TiedFFN(d, cfg.ffn_hidden, cfg.alpha_ffn),
@@ -74,15 +82,69 @@ class EncoderOutput:
 class _Step:
     """One layer on a batch, as accepted per sample (rows replaced as the safeguard backtracks)."""
 
-    trace: LayerTrace          # states and energy terms at U and Y⁺
+    trace: LayerTrace          # states, energy terms at U and Y⁺, the attention pass at Y⁺
     at_input: EnergyTerms      # E_ℓ terms at Y
     scale: Tensor              # (B,) step scale accepted: 1 full step, 0.5^k after k halvings, 0 skipped
 
     def accept(self, rows: Tensor, trial: LayerTrace, scale: float) -> None:
         t = self.trace
-        self.trace = LayerTrace(t.middle.index_copy(0, rows, trial.middle), t.output.index_copy(0, rows, trial.output),
-                                t.at_middle.put(rows, trial.at_middle), t.at_output.put(rows, trial.at_output))
+        self.trace = t._replace(middle=_put(t.middle, rows, trial.middle), output=_put(t.output, rows, trial.output),
+                                at_middle=_put(t.at_middle, rows, trial.at_middle),
+                                at_output=_put(t.at_output, rows, trial.at_output),
+                                output_pass=_put(t.output_pass, rows, trial.output_pass))
         self.scale = self.scale.index_fill(0, rows, scale)
+
+
+def _take(value, rows: Tensor | None):
+    """Rows of a tensor or of a named tuple of tensors (None and plain values stay; rows None: all)."""
+    if value is None or rows is None or not isinstance(value, (Tensor, tuple)):
+        return value
+    if isinstance(value, Tensor):
+        return value[rows]
+    return type(value)(*(_take(v, rows) for v in value))
+
+
+def _put(value, rows: Tensor, new):
+    """`value` with `rows` replaced by `new` (tensors or named tuples of them; None when either is None;
+    plain values are taken from `new`)."""
+    if value is None or new is None:
+        return None
+    if not isinstance(value, (Tensor, tuple)):
+        return new
+    if isinstance(value, Tensor):
+        return new if rows.numel() == value.shape[0] else value.index_copy(0, rows, new)   # rows sorted, unique
+    return type(value)(*(_put(v, rows, w) for v, w in zip(value, new)))
+
+
+class _ModuleStack:
+    """The layers as modules, in original coordinates (metric and released attention, other FFNs)."""
+
+    def __init__(self, model: UnfoldedTransformer, X: Tensor, mask: Tensor | None):
+        self.model, self.X, self.mask = model, X, mask
+
+    def run(self) -> Tensor:
+        Y = self.X
+        for ell in range(self.model.config.depth):
+            Y = self.model.layer(ell)(Y, self.X, self.mask)
+        return Y
+
+    def start(self) -> Tensor:
+        return self.X
+
+    def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry, scale: float, substeps: bool,
+              need_input: bool) -> LayerTrace:
+        layer, X, mask = self.model.layer(ell), _take(self.X, rows), _take(self.mask, rows)
+        at_input = layer.energy_terms(Y, X, mask) if need_input else None
+        return layer.traced(Y, X, mask, scale, substeps)._replace(at_input=at_input)
+
+    def advance(self, ell: int, Y: Tensor) -> Tensor:
+        return Y
+
+    def finish(self, Y: Tensor) -> Tensor:
+        return Y
+
+
+_DETAIL = {None: None, False: None, True: "curve", "curve": "curve", "steps": "steps"}
 
 
 class UnfoldedTransformer(nn.Module):
@@ -105,72 +167,97 @@ class UnfoldedTransformer(nn.Module):
         """Total energy E_layer(Y) (anchored at X) as (B,) float64."""
         return self.layer(layer).energy(Y, X, padding_mask)
 
-    def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool = False,
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool | str = False,
                 safeguard: bool = False, max_halvings: int = 8) -> EncoderOutput:
         """x: (B, n, d) inputs X = Y⁽⁰⁾; `padding_mask` (B, n) bool, True marks padding.
 
-        `return_energies`: the energy curve and sub-step energies (module doc). `safeguard`: whole-layer
-        descent by backtracking, at most `max_halvings` halvings per layer and sample (module doc)."""
-        check_states(x, padding_mask)
+        `return_energies`: True or "curve" for the energy curve, "steps" for the sub-step energies as
+        well (module doc). `safeguard`: whole-layer descent by backtracking, at most `max_halvings`
+        halvings per layer and sample (module doc); it returns the curve at least."""
+        valid = check_states(x, padding_mask)                        # the only check of the input
         check_dtype(x, self)
         if x.shape[-1] != self.config.d_model:
             raise ValueError(f"input has d={x.shape[-1]} but the model has d_model={self.config.d_model}")
         if max_halvings < 0:
             raise ConfigError(f"max_halvings must be >= 0, got {max_halvings}")
+        if not isinstance(return_energies, (bool, str, type(None))) or return_energies not in _DETAIL:
+            raise ConfigError(f"return_energies must be False, True (the energy curve), 'curve' or 'steps' "
+                              f"(the curve and the sub-step energies), got {return_energies!r}")
+        detail = _DETAIL[return_energies] or ("curve" if safeguard else None)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
-            if not (safeguard or return_energies):
-                Y = x
-                for ell in range(self.config.depth):
-                    Y = self.layer(ell)(Y, x, padding_mask)
-                return EncoderOutput(hidden=Y)
-            return self._traced_forward(x, padding_mask, max_halvings if safeguard else None)
+            stack = (RotatedStack(self, x, valid) if all(runs_rotated(layer) for layer in self.layers)
+                     else _ModuleStack(self, x, padding_mask))
+            if detail is None:
+                return EncoderOutput(hidden=stack.run())
+            return self._traced_forward(stack, detail == "steps", max_halvings if safeguard else None)
 
-    def _traced_forward(self, X: Tensor, mask: Tensor | None, halvings: int | None) -> EncoderOutput:
+    def _traced_forward(self, stack, substeps: bool, halvings: int | None) -> EncoderOutput:
         """All layers with their energy terms; `halvings` None: plain steps, else the safeguard."""
         steps: list[_Step] = []
-        Y, at_input = X, None
-        skipped = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+        Y, carry, at_input = stack.start(), None, None
+        skipped = torch.zeros(Y.shape[0], dtype=torch.bool, device=Y.device)
+        tied = self.config.tied
         for ell in range(self.config.depth):
-            layer = self.layer(ell)
-            if at_input is None or not self.config.tied:            # tied: E at Y⁽ℓ⁾ is known from layer ℓ
-                at_input = layer.energy_terms(Y, X, mask)
-            step = self._step(layer, Y, X, mask, at_input, halvings, skipped)
+            step = self._step(stack, ell, Y, carry, at_input, substeps, halvings, skipped)
             steps.append(step)
-            Y, at_input = step.trace.output, step.trace.at_output
-            if self.config.tied:   # same layer, same state: a sample skipped once stays skipped
+            # tied: E and the attention pass at Y⁽ℓ⁾ carry over to layer ℓ + 1 (same layer, same basis)
+            carry, at_input = (step.trace.output_pass, step.trace.at_output) if tied else (None, None)
+            Y = stack.advance(ell, step.trace.output)
+            if tied:   # same layer, same state: a sample skipped once stays skipped
                 skipped = skipped | (step.scale == 0)
-        stack = lambda rows: torch.stack(rows, dim=1)               # noqa: E731  (B, depth)
-        return EncoderOutput(
-            hidden=Y, energies=stack([steps[0].at_input.total] + [s.trace.at_output.total for s in steps]),
-            layer_before=stack([s.at_input.total for s in steps]),
-            layer_after=stack([s.trace.at_output.total for s in steps]),
-            attention_before=stack([s.at_input.attention for s in steps]),
-            attention_after=stack([s.trace.at_middle.attention for s in steps]),
-            ffn_before=stack([s.trace.at_middle.ffn for s in steps]),
-            ffn_after=stack([s.trace.at_output.ffn for s in steps]),
-            step_scales=stack([s.scale for s in steps]))
+        stack_rows = lambda rows: torch.stack(rows, dim=1)          # noqa: E731  (B, depth)
+        out = EncoderOutput(
+            hidden=stack.finish(Y),
+            energies=stack_rows([steps[0].at_input.total] + [s.trace.at_output.total for s in steps]),
+            layer_before=stack_rows([s.at_input.total for s in steps]),
+            layer_after=stack_rows([s.trace.at_output.total for s in steps]),
+            step_scales=stack_rows([s.scale for s in steps]))
+        if substeps:
+            out.attention_before = stack_rows([s.at_input.attention for s in steps])
+            out.attention_after = stack_rows([s.trace.at_middle.attention for s in steps])
+            out.ffn_before = stack_rows([s.trace.at_middle.ffn for s in steps])
+            out.ffn_after = stack_rows([s.trace.at_output.ffn for s in steps])
+        return out
 
-    def _step(self, layer: UnfoldedLayer, Y: Tensor, X: Tensor, mask: Tensor | None, at_input: EnergyTerms,
+    def _step(self, stack, ell: int, Y: Tensor, carry, at_input: EnergyTerms | None, substeps: bool,
               halvings: int | None, skipped: Tensor) -> _Step:
         """Layer ℓ on every sample not `skipped` (those keep Y). With `halvings` (the safeguard), a sample
-        whose energy rises is retried at half the step, up to `halvings` times, then keeps Y (scale 0)."""
+        whose energy rises is retried at half the step, up to `halvings` times, then keeps Y (scale 0).
+        `at_input` None: the first trial computes E_ℓ at Y (it then runs on every sample), and its attention
+        pass at Y becomes `carry` for the retries."""
         tol = descent_tolerance(Y.dtype)
-        step = _Step(LayerTrace(Y, Y, at_input, at_input), at_input, torch.zeros(Y.shape[0], dtype=Y.dtype,
-                                                                                   device=Y.device))
+        B = Y.shape[0]
         todo = torch.nonzero(~skipped).flatten()                    # samples still to be stepped
+        step = None
         for attempt in range((halvings or 0) + 1):
             if todo.numel() == 0:
                 break
             scale = 0.5 ** attempt
-            trial = layer.traced(Y[todo], X[todo], None if mask is None else mask[todo], scale)
+            rows = None if todo.numel() == B else todo
+            trial = stack.trial(ell, _take(Y, rows), rows, _take(carry, rows), scale, substeps, at_input is None)
+            if at_input is None:
+                at_input = trial.at_input
+            if carry is None and rows is None:
+                carry = trial.input_pass
+            if step is None:
+                step = self._kept(Y, at_input, carry, substeps)
             step.accept(todo, trial, scale)
             if halvings is None:
                 return step
             rose = ~lowered(at_input.total[todo], trial.at_output.total, tol)
             todo = todo[rose]
+        if step is None:                                            # every sample skipped before this layer
+            step = self._kept(Y, at_input, carry, substeps)
         if todo.numel():                                            # still rising: these samples keep Y
-            step.accept(todo, LayerTrace(Y[todo], Y[todo], at_input.take(todo), at_input.take(todo)), 0.0)
+            kept = self._kept(Y, at_input, carry, substeps)
+            step.accept(todo, _take(kept.trace, todo), 0.0)
         return step
+
+    @staticmethod
+    def _kept(Y: Tensor, at_input: EnergyTerms, carry, substeps: bool) -> _Step:
+        """Every sample keeping Y: U = Y⁺ = Y, all energy terms those at Y, scale 0."""
+        trace = LayerTrace(Y, Y, at_input if substeps else None, at_input, output_pass=carry)
+        return _Step(trace, at_input, torch.zeros(Y.shape[0], dtype=Y.dtype, device=Y.device))
 
     @torch.no_grad()
     def released_normalize_(self) -> None:

@@ -28,6 +28,7 @@ from torch import Tensor
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
 from .kernels import weighted_average
 from .rho import Rho, get_rho
+from .softmax import AttentionPass, attention_pass
 
 
 # ----------------------------------------------------------------------------- subspaces
@@ -132,29 +133,30 @@ def isotropic_factors(scales: Tensor, d: int, subspaces: Tensor | None = None) -
     return scales[:, None, None] * subspaces.to(scales.dtype).transpose(1, 2)
 
 
-def _anchored_softmax_average(a: Tensor, V: Tensor, Xh: Tensor, log_nu: Tensor, valid: Tensor) -> Tensor:
-    """(ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) for ρ = exp, through one SDPA call: (B, H, n, dh).
+def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor,
+                            alpha: float = 1.0, attention: AttentionPass | None = None) -> tuple[Tensor, AttentionPass]:
+    """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
-    Logits ℓ_ij = a_i·a_j − ½‖a_j‖² and the anchor logit ½‖a_i‖² − log ν are inner products of
-    augmented queries [a_i, ½‖a_i‖² − log ν, 1] with keys [a_j, 0, −½‖a_j‖²] and one shared
-    anchor key [0, 1, 0]; values are [c_j, 0, 0] and, for the anchor, [0, 1, 0], so output
-    column dh is the anchor weight 1 / (ν d_i + 1), which then multiplies x_i. (Values are
-    padded to the keys' width: the fused CPU kernel needs equal head widths.)
+    C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
+    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `valid` (B, n) True = real token. The target
+        t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = x_i + σ(log ν + log d_i) (o⁺_i − x_i)
+    from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average; the default, no mask), or, from an
+    off-diagonal pass `attention` (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C),
+        t_i = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν) = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),
+    p_i = (ν c_i + x_i) / (ν + 1). Then c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic
+    with α). Returns c⁺ (B, n, H, dh) and the pass.
     """
-    B, H, n, dh = a.shape
-    half_sq = 0.5 * (a * a).sum(-1, keepdim=True)                  # (B, H, n, 1)
-    one, zero = torch.ones_like(half_sq), torch.zeros_like(half_sq)
-    q = torch.cat([a, half_sq - log_nu[None, :, None, None], one], dim=-1)   # (B, H, n, dh + 2)
-    k = torch.cat([a, zero, -half_sq], dim=-1)                     # (B, H, n, dh + 2)
-    anchor_key = a.new_zeros(B, H, 1, dh + 2)
-    anchor_key[..., dh] = 1.0
-    v = torch.cat([V, zero, zero], dim=-1)                         # (B, H, n, dh + 2)
-    anchor_value = anchor_key                                      # the indicator of column dh
-    keys_valid = torch.cat([valid, valid.new_ones(B, 1)], dim=1)   # (B, n + 1)
-    out = F_nn.scaled_dot_product_attention(
-        q, torch.cat([k, anchor_key], dim=2), torch.cat([v, anchor_value], dim=2),
-        attn_mask=keys_valid[:, None, None, :], scale=1.0)         # (B, H, n, dh + 2)
-    return out[..., :dh] + out[..., dh:dh + 1] * Xh
+    if attention is None or attention.average is None:
+        attention = attention_pass(C, scales, valid, diagonal=True)
+    log_nu = log_nu.to(C.dtype)
+    if attention.diagonal:
+        gate = torch.sigmoid(log_nu + attention.log_mass)[..., None]   # (B, n, H, 1) ν d / (ν d + 1)
+        target = torch.lerp(Xc, attention.average, gate)           # (B, n, H, dh) t_i
+    else:
+        p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[:, None])    # (B, n, H, dh) p_i
+        gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
+        target = torch.lerp(p, attention.average, gate)            # (B, n, H, dh) t_i
+    return (target if alpha == 1 else torch.lerp(C, target, float(alpha))), attention
 
 
 def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1.0,
@@ -165,10 +167,9 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
 
     Per head, with c = Y U_h, x = X U_h and ν = λ s_h²:
     c_i ← (1 − α) c_i + α (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1). Descent for α ∈ (0, 1].
-    For ρ = exp the update is one softmax over n + 1 keys, the last being the anchor x_i with
-    logit ½‖a_i‖² − log ν: exp(½‖a_i‖² − log ν) / (Σ_j e^{ℓ_ij} + exp(½‖a_i‖² − log ν)) = 1 / (ν d_i + 1)
-    with d_i = Σ_j e^{ℓ_ij − ½‖a_i‖²}. It runs as one fused `scaled_dot_product_attention` call
-    (`_anchored_softmax_average`), so it never overflows and stores no n×n weights. Other ρ run
+    For ρ = exp the update is one fused softmax pass over the other tokens (diagonal masked) whose
+    log-sum-exp gives the off-diagonal mass; the self and anchor terms enter in closed form
+    (`anchored_softmax_update`), so it never overflows and stores no n×n weights. Other ρ run
     through the blocked kernel (`kernels.weighted_average`: Σ_j β_ij c_j and d_i in one pass).
     `padding_mask` (B, n) bool, True marks padding.
     """
@@ -183,8 +184,10 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
     log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
     if r.softmax:
-        a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
-        target = _anchored_softmax_average(a, V, Xh, log_nu, valid)
+        keep = valid[:, None, :, None]                             # padded rows zeroed: finite whatever they hold
+        C, Xc = V.where(keep, 0.0).transpose(1, 2), Xh.where(keep, 0.0).transpose(1, 2)   # (B, n, H, dh)
+        new, _ = anchored_softmax_update(C, Xc, scales.to(Y.dtype), log_nu, valid)
+        target = new.transpose(1, 2)                               # (B, H, n, dh)
     else:
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
         num, deg = weighted_average(a, V, valid, r)                # (B, H, n, dh), (B, H, n, 1)

@@ -40,7 +40,7 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
     pad[batch // 2:, tokens * 3 // 4:] = True                        # half the batch padded
     tol = descent_tolerance(x.dtype)
     with torch.no_grad():
-        out = model(x, pad, return_energies=True, safeguard=safeguard)
+        out = model(x, pad, return_energies="steps", safeguard=safeguard)   # curve and sub-step terms
     return {
         "mean_energy_per_layer": out.energies.mean(0).tolist(),
         "share_layer_steps_lowering": share_lowered(out.layer_before, out.layer_after, tol),

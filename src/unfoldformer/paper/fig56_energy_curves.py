@@ -11,7 +11,7 @@ attention, key-norm bias, F1 FFN with spectrum clipped to ±0.95; §3.1, §3.4) 
 accuracy is reported before and after. The ``paper`` F1 energy leaves out ι_{≥0} (the
 input embeddings are not non-negative, so E(Y⁽⁰⁾) would be +∞).
 
-Energies come from ``forward(..., return_energies=True)`` (float64). A step rises when
+Energies come from ``forward(..., return_energies="steps")`` (float64). A step rises when
 E_after > E_before + tol·(1 + |E_before|), tol = `descent_tolerance` of the model dtype;
 every other step lowers (does not raise) its energy; a curve is monotone when no layer step
 rises. Box plots use 1.5·IQR whiskers (as matplotlib); plotted energies are E − w, w = the
@@ -133,7 +133,7 @@ def _energy_curves(encoder: UnfoldedTransformer, emb: StaticEmbeddings, enc: Enc
         for idx in _length_batches(lengths, batch_tokens):
             sub = _sub_batch(enc, torch.as_tensor(idx))
             x = emb.embed(sub)                                     # (b, n, d)
-            out = encoder(x, sub.padding_mask, return_energies=True)
+            out = encoder(x, sub.padding_mask, return_energies="steps")   # the curve and the sub-step terms
             for k in keys:
                 parts[k].append(getattr(out, k).numpy())
             parts["pooled"].append(masked_mean(out.hidden, sub.padding_mask).numpy())

@@ -1,0 +1,161 @@
+"""One fused attention pass per state for ρ = exp: the MM step and the energy from it (THEORY §3.3, §5).
+
+For ρ = exp the anchored step at Y and the attention energy at Y need the same n² quantities. Per
+head h (features a_i = s_h c_i, c = the head's coordinates of y_i) and token i:
+
+- the off-diagonal mass       S_i = Σ_{j≠i} e^{−z_ij},   z_ij = ½‖a_i − a_j‖²,
+- the off-diagonal average    o_i = Σ_{j≠i} e^{−z_ij} c_j / S_i.
+
+E_A = −½ Σ_h Σ_i S_i (each unordered pair once), and the step's weighted average follows from o_i
+and S_i (`steps.anchored_softmax_update`). One softmax pass gives both: the logits
+a_i·a_j − ½‖a_j‖² (augmented queries [a_i, 1], keys [a_j, −½‖a_j‖²]) differ from −z_ij by the row
+constant ½‖a_i‖², so the softmax over j is o_i and log S_i = LSE_i − ½‖a_i‖².
+
+For the energy the diagonal is masked (logit −1e30), never subtracted: counting it would give S_i as
+(1 + S_i) − 1, which loses every digit once S_i is small (well-separated tokens). The mask is
+(chunk × n), shared by the batch and the heads (views of one buffer), and queries run in chunks of
+at most `_MASK_ELEMENTS / n`, so memory stays O(n) with gradients too. A step that needs no energy
+uses the pass with the diagonal (`diagonal=True`: the mass d_i = 1 + S_i and its average, which
+the step needs as they are, with no subtraction): no mask, one call. Padded keys get the logit
+−1e30 through their key column, so they take no weight; padded queries are computed (finite, since
+their rows are finite) and ignored by every caller.
+
+On CPU (float32, float64) the pass is PyTorch's fused flash-attention kernel, which stores no n×n
+weights and returns the row log-sum-exp; `_FusedSoftmax` makes that log-sum-exp differentiable (its
+gradient enters the kernel's backward through a spare value column). Elsewhere the same quantities
+come from explicit logits, differentiated by autograd.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["AttentionPass", "MASKED", "attention_pass", "key_bias", "mass_energy", "softmax_with_lse"]
+
+MASKED = -1e30               # logit of a masked pair: e^{MASKED − max} is exactly 0 in float32 and float64
+_MASK_ELEMENTS = 1 << 20     # entries of one (chunk, n) diagonal mask: 4 MiB in float32
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
+class AttentionPass(NamedTuple):
+    """The softmax of one state, per token and head (block layout, heads contiguous)."""
+
+    average: Tensor | None   # (B, n, H, dh) o_i, or None when only the energy was asked for
+    log_mass: Tensor         # (B, n, H) log S_i = log Σ_{j≠i} e^{−z_ij} (about −1e30 when no other real token),
+                             # or log d_i = log Σ_j e^{−z_ij} with `diagonal`
+    diagonal: bool = False   # whether j = i is counted (then no energy can be read from it)
+
+
+# ----------------------------------------------------------------------------- the fused kernel
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=1.0)
+
+
+class _FusedSoftmax(torch.autograd.Function):
+    """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)) through the CPU flash kernel, both differentiable.
+
+    The kernel's backward forms dS_ij = P_ij (g_i·v_j − D_i) with D_i = g_i·out_i. A gradient γ_i of
+    the log-sum-exp adds P_ij γ_i, i.e. D_i → D_i − γ_i: the last value column is zero (callers pad
+    v with it), so setting that column of g to 1 and of out to −γ gives exactly that.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
+        out, lse = _fused(q, k, v, mask)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, g_out: Tensor | None, g_lse: Tensor | None):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        g = torch.zeros_like(out) if g_out is None else g_out.clone()
+        if g_lse is not None:
+            out = out.clone()
+            g[..., -1] = 1.0
+            out[..., -1] = -g_lse
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=1.0)
+        return (*grads, None)
+
+
+def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
+                     fused: bool | None = None) -> tuple[Tensor, Tensor]:
+    """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)), scale 1, both differentiable.
+
+    q (B, H, c, w), k and v (B, H, n, w) with equal widths and **v's last column zero**; mask (1, 1, c, n)
+    additive, or None. Returns (B, H, c, w) and (B, H, c). `fused`: the CPU flash kernel (default where
+    it runs).
+    """
+    if fused is None:
+        fused = q.device.type == "cpu" and q.dtype in _FUSED_DTYPES
+    if fused:
+        return _FusedSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype))
+    logits = q @ k.transpose(-1, -2)                               # (B, H, c, n)
+    logits = logits if mask is None else logits + mask
+    return torch.softmax(logits, dim=-1) @ v, torch.logsumexp(logits, dim=-1)
+
+
+# ----------------------------------------------------------------------------- one pass per state
+def key_bias(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """0 for real keys, MASKED for padded ones: (B, n) bool (True = real) -> (B, n, 1, 1) (of the last key column)."""
+    return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, MASKED)[..., None, None]
+
+
+def _diagonal_band(rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """E (rows, 2n) with MASKED at (i, n + i): its column slice E[:c, n − s : 2n − s] is the (c, n) mask of the
+    query chunk starting at s (MASKED at (i, s + i)), a view, so every chunk shares one O(rows · n) buffer."""
+    band = torch.zeros(rows, 2 * n, dtype=dtype, device=device)
+    band[torch.arange(rows, device=device), n + torch.arange(rows, device=device)] = MASKED
+    return band
+
+
+def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal: bool = False,
+                   average: bool = True, rows: int | None = None, fused: bool | None = None) -> AttentionPass:
+    """S_i and o_i (module doc) of every token and head, from head coordinates C (B, n, H, dh).
+
+    `scales` (H,): features a = s_h c (None: a = c); `valid` (B, n) True = real token. The features are
+    centred on the mean of the real tokens first: z_ij does not change, and the logits lose the common
+    part of the a_i, which would otherwise cost float32 digits (round-off grows with ‖a_i‖²).
+    `diagonal`: count j = i (d_i and its average, one call without a mask; for steps, not energies).
+    With `average=False` only the log mass (the values are then the keys, which saves building them).
+    `rows`: queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
+    """
+    B, n, H, dh = C.shape
+    weights = valid.to(C.dtype)                                    # (B, n)
+    mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
+    mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
+    s = torch.ones(H, 1, dtype=C.dtype, device=C.device) if scales is None else scales.to(C.dtype)[:, None]
+    a = torch.addcmul(-(mean * s), C, s)                           # (B, n, H, dh) a_i − mean = s_h (c_i − mean)
+    half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
+    q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
+    k = torch.cat([a, key_bias(valid, C.dtype) - half], dim=-1)    # (B, n, H, dh + 1)
+    if average:
+        v = torch.cat([C, torch.zeros_like(half)], dim=-1)         # (B, n, H, dh + 1), last column 0 (_FusedSoftmax)
+    elif torch.is_grad_enabled() and a.requires_grad:
+        v = torch.cat([a, torch.zeros_like(half)], dim=-1)         # a differentiable LSE needs the zero column
+    else:
+        v = k                                                      # values unused: any tensor of the keys' shape
+    rows = n if diagonal else max(1, min(n, _MASK_ELEMENTS // n if rows is None else int(rows)))
+    band = None if diagonal else _diagonal_band(rows, n, C.dtype, C.device)   # (rows, 2n)
+    outs, lses = [], []
+    for s in range(0, n, rows):
+        e = min(n, s + rows)
+        mask = None if diagonal else band[None, None, : e - s, n - s: 2 * n - s]   # (1, 1, c, n) view at (i, s + i)
+        out, lse = softmax_with_lse(q[:, s:e].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                                    fused=fused)                   # (B, H, c, dh + 1), (B, H, c)
+        outs.append(out.transpose(1, 2)[..., :dh] if average else None)
+        lses.append(lse.transpose(1, 2))
+    log_mass = (torch.cat(lses, dim=1) if len(lses) > 1 else lses[0]) - half[..., 0]   # (B, n, H)
+    avg = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]) if average else None
+    return AttentionPass(avg, log_mass, diagonal)
+
+
+def mass_energy(attention: AttentionPass, valid: Tensor) -> Tensor:
+    """E_A = −½ Σ_h Σ_{i real} S_i from an off-diagonal pass (log S_i (B, n, H)) and `valid` (B, n): (B,) float64."""
+    if attention.diagonal:
+        raise ValueError("the energy needs the off-diagonal pass (diagonal=False)")
+    log_mass = attention.log_mass
+    mass = torch.exp(log_mass.to(torch.float64)).sum(-1)          # (B, n)
+    return -0.5 * torch.where(valid, mass, 0.0).sum(-1)
