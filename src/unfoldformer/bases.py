@@ -35,8 +35,10 @@ def _taylor_degree(dtype: torch.dtype) -> int:
 def exp_map(A: Tensor) -> Tensor:
     """e^A for a square A (d, d): Taylor polynomial (Horner) of A / 2^s, s = ⌈log₂ ‖A‖₁⌉₊, squared s times."""
     norm = float(A.detach().abs().sum(0).max())
+    if not math.isfinite(norm):                                    # diverged weights: NaN on, for the caller to see
+        return torch.full_like(A, float("nan"))
     s = max(0, math.ceil(math.log2(norm))) if norm > 1 else 0
-    X = A / 2**s
+    X = A * math.ldexp(1.0, -s)                                    # a float scale: 2^s may exceed int64
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     m = _taylor_degree(A.dtype)
     T = eye + X / m

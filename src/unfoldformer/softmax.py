@@ -32,9 +32,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionPass", "MASKED", "attention_pass", "key_bias", "mass_energy", "softmax_with_lse"]
+__all__ = ["AttentionPass", "MASKED", "attention_pass", "key_bias", "mass_energy", "masked_logit",
+           "softmax_with_lse"]
 
 MASKED = -1e30               # logit of a masked pair: e^{MASKED − max} is exactly 0 in float32 and float64
+
+
+def masked_logit(dtype: torch.dtype) -> float:
+    """MASKED where `dtype` holds it; a quarter of the most negative finite value otherwise (float16), so
+    two masks still add up to a finite logit and e^{logit − max} is exactly 0."""
+    return max(MASKED, torch.finfo(dtype).min / 4)
 _MASK_ELEMENTS = 1 << 20     # entries of one (chunk, n) diagonal mask: 4 MiB in float32
 _FUSED_DTYPES = (torch.float32, torch.float64)
 
@@ -100,14 +107,15 @@ def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
 # ----------------------------------------------------------------------------- one pass per state
 def key_bias(valid: Tensor, dtype: torch.dtype) -> Tensor:
     """0 for real keys, MASKED for padded ones: (B, n) bool (True = real) -> (B, n, 1, 1) (of the last key column)."""
-    return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, MASKED)[..., None, None]
+    bias = torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill(~valid, masked_logit(dtype))
+    return bias[..., None, None]
 
 
 def _diagonal_band(rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """E (rows, 2n) with MASKED at (i, n + i): its column slice E[:c, n − s : 2n − s] is the (c, n) mask of the
     query chunk starting at s (MASKED at (i, s + i)), a view, so every chunk shares one O(rows · n) buffer."""
     band = torch.zeros(rows, 2 * n, dtype=dtype, device=device)
-    band[torch.arange(rows, device=device), n + torch.arange(rows, device=device)] = MASKED
+    band[torch.arange(rows, device=device), n + torch.arange(rows, device=device)] = masked_logit(dtype)
     return band
 
 
