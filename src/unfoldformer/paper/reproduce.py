@@ -2,11 +2,14 @@
 
 `run_reproduction(settings)` runs the selected figures — 1 (Apollonius regions), 2–3
 (alternating steps), 4 (κ-regions), 5 (energy curves on IMDB), 6 (energy curves on SST-2) — and
-writes into `settings.out`: the PNGs, `report.md` (numbers, embeddings, data files with sha256,
-wall time, the released-code defects), `results.json` (every number; deterministic for one
-seed), `timings.json` (wall times, kept apart so results.json files compare equal) and
-`config.json` (the resolved settings). Figures 5–6 run on the data sets of `settings.datasets`.
-Torch and BLAS run on `settings.threads` threads.
+writes into `settings.out`: the PNGs, `report.md` and `report.html` (verdicts first, then the
+numbers; the HTML page embeds the figures), `results.json` (every number; deterministic for one
+seed and thread count), `timings.json` (wall times, kept apart so results.json files compare
+equal), `config.json` (the resolved settings) and, for figures 5–6, one training run folder per
+trained variant under `models/` (open one with `unfoldformer.load`). Every TrainConfig is
+validated before any work. Torch and BLAS run on `settings.threads` threads.
+
+Everything is written below one folder, chosen in `run_reproduction` only (`_run(cfg, out)`).
 """
 from __future__ import annotations
 
@@ -14,40 +17,48 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_files, load_dataset, load_embeddings
+from ..data.batching import seeded_subset
 from ..utils import atomic_write_text, jsonable, torch_threads, write_json
-from . import fig1_apollonius, fig4_kappa, fig23_alternating
+from . import fig1_apollonius, fig4_kappa, fig23_alternating, fig56_plot
 from . import fig56_energy_curves as fig56
-from .report import render_report
+from .report import render_html, render_report
 from .settings import DATASET_FIGURE, FIGURE_FILES, ReproduceSettings
+from .trained import recipes, train_config, train_variant
 
 __all__ = ["run_reproduction"]
 
-
-# ----------------------------------------------------------------------------- data
-def _curve_settings(cfg: ReproduceSettings, dataset: str) -> fig56.CurveSettings:
-    return fig56.CurveSettings(
-        eval_max_length=cfg.imdb_max_length if dataset == "imdb" else None,
-        train_max_length=cfg.train_max_length, train_batch_size=cfg.train_batch_size,
-        train_epochs=cfg.train_epochs, accuracy_max_length=cfg.train_max_length)
+MODELS = "models"                      # folder of the trained variants' runs, inside the output
 
 
+# ----------------------------------------------------------------------------- inputs
 def _load_inputs(cfg: ReproduceSettings) -> tuple[dict, object, dict]:
-    """Per data set: eval texts, train and accuracy examples; the embeddings; data files with sha256."""
+    """Per data set: eval texts and the accuracy examples' majority rate; the embeddings; data files."""
     inputs, files = {}, {}
-    d, seed = cfg.data_dir, cfg.seed
     for name in cfg.datasets:
-        test = load_dataset(name, EVAL_SPLITS[name], d)
-        train = fig56.select(load_dataset(name, "train", d), cfg.train_examples, seed, 1)
-        acc = fig56.select(test, getattr(cfg, f"{name}_accuracy_samples"), seed, 2)
-        inputs[name] = ([e.text for e in fig56.select(test, cfg.samples, seed, 0)], train, acc,
-                        len(acc) == len(test))
-        files.update(dataset_files(name, d))
-    texts = [t for ev, tr, acc, _ in inputs.values() for t in ev + [e.text for e in tr + acc]]
-    emb = load_embeddings(cfg.embeddings, vocab_texts=texts, seed=seed) if inputs else None
+        test = load_dataset(name, EVAL_SPLITS[name], cfg.data_dir)
+        samples = fig56.select(test, cfg.samples, cfg.seed, 0)
+        keep = seeded_subset(len(test), getattr(cfg, f"{name}_accuracy_samples"))   # the trainer's subset
+        labels = np.array([test[i].label for i in (range(len(test)) if keep is None else keep)])
+        inputs[name] = ([e.text for e in samples], [e.label for e in samples],
+                        float(np.bincount(labels).max() / len(labels)))
+        files.update(dataset_files(name, cfg.data_dir))
+    vocab = [t for texts, _, _ in inputs.values() for t in texts]
+    emb = load_embeddings(cfg.embeddings, vocab_texts=vocab, seed=cfg.seed) if inputs else None
     return inputs, emb, files
+
+
+def _train_configs(cfg: ReproduceSettings, emb, out: Path) -> dict:
+    """Per data set, [(recipe, validated TrainConfig)] (a ConfigError here stops the run before any work)."""
+    return {name: [(spec, train_config(spec, name, out / MODELS / f"{name}-{spec.name}", embeddings=cfg.embeddings,
+                                       embedding_dim=emb.dim,
+                                       accuracy_examples=getattr(cfg, f"{name}_accuracy_samples"),
+                                       seed=cfg.seed, threads=cfg.threads, data_dir=cfg.data_dir))
+                   for spec in recipes(cfg, name)]
+            for name in cfg.datasets}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -65,42 +76,69 @@ def _theory_figures(cfg: ReproduceSettings, out: Path, tick) -> dict:
         res["2-3"] = fig23_alternating.summary(r)
         tick("figures 2-3")
     if 4 in figs:
-        r = fig4_kappa.compute(seed=seed, grid=cfg.grid)
-        fig4_kappa.plot(r, out / FIGURE_FILES[4])
-        res["4"] = fig4_kappa.summary(r)
+        r, variant = fig4_kappa.compute_authors(seed=seed), fig4_kappa.compute(seed=seed, grid=cfg.grid)
+        fig4_kappa.plot(r, out / FIGURE_FILES[4], variant=variant)
+        res["4"] = {**fig4_kappa.summary(r), "quadrant_variant": fig4_kappa.summary(variant)}
         tick("figure 4")
     return res
 
 
-def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, out: Path, tick) -> dict:
-    """Figures 5–6 per data set: summaries, PNGs written to `out`."""
+def _caption(cfg: ReproduceSettings, s: dict, emb) -> str:
+    name, n = s["dataset"], s["n_samples"]
+    length = cfg.imdb_max_length if name == "imdb" else None
+    trunc = ("full length" if length is None else
+             f"truncated to {length} tokens ({100 * s['share_untruncated']:.0f}% of them whole)")
+    return (f"Embeddings: {emb.name} ({emb.dim}-d, frozen; the paper: GloVe 840B, 300-d). Inputs: {n} random "
+            f"{DATASET_NAMES[name]} {EVAL_SPLITS[name]} texts, {trunc}, {s['tokens_per_sample']['mean']:.0f} "
+            f"tokens on average. Energies per token: E/n, n = the text's tokens.\n12 weight-tied steps "
+            f"(certified-tied: 6, with the safeguard on). Accuracy: final weights on {s['n_accuracy']} "
+            f"{EVAL_SPLITS[name]} examples (as released: at 32 tokens; AdamW: at the curves' truncation), safeguard "
+            f"off; majority class "
+            f"{100 * s['majority_rate']:.1f}%. A rising step: E(Y⁽ᵗ⁾) > E(Y⁽ᵗ⁻¹⁾) + 1e-6·(1 + |E(Y⁽ᵗ⁻¹⁾)|).")
+
+
+def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, out: Path, tick) -> dict:
+    """Figures 5–6 per data set: trained variants, curves, summaries; PNGs written to `out`."""
     res = {}
-    for name, (texts, train, acc, acc_all) in inputs.items():
-        r = fig56.compute(texts, train, acc, emb, name, _curve_settings(cfg, name), cfg.seed, tick)
+    for name, (texts, labels, majority) in inputs.items():
+        trained = []
+        for spec, tcfg in configs[name]:
+            trained.append(train_variant(spec, tcfg))
+            tick(f"{name} train {spec.key}")
+        settings = fig56.CurveSettings(eval_max_length=cfg.imdb_max_length if name == "imdb" else None)
+        r = fig56.compute(texts, emb, name, settings, cfg.seed, trained, tick, labels=labels)
+        r.majority_rate = majority
+        s = {**fig56.summary(r), "settings": jsonable(vars(settings)),
+             "n_accuracy": trained[0].training["accuracy_examples"] if trained else None,
+             "runs": {v.spec.key: f"{MODELS}/{v.run_dir.name}" for v in trained}}
         fig = DATASET_FIGURE[name]
-        fig56.plot(r, out / FIGURE_FILES[fig],
-                   title=f"Figure {fig}: energy per layer, {DATASET_NAMES[name]} "
-                         f"{EVAL_SPLITS[name]} ({len(texts)} samples)")
-        res[name] = {**fig56.summary(r), "n_accuracy_all": acc_all, "settings": jsonable(vars(r.settings))}
+        fig56_plot.plot(r, out / FIGURE_FILES[fig], caption=_caption(cfg, s, emb),
+                        title=f"Figure {fig}: energy per layer, {DATASET_NAMES[name]} {EVAL_SPLITS[name]} "
+                              f"({len(texts)} samples)")
+        res[name] = s
     return res
 
 
+# ----------------------------------------------------------------------------- run
 def run_reproduction(cfg: ReproduceSettings) -> tuple[dict, dict]:
     """Run the selected figures and write every output into `cfg.out`; returns (results, timings) as written."""
     with torch_threads(cfg.threads):
-        return _run(cfg)
+        return _run(cfg, Path(cfg.out))
 
 
-def _run(cfg: ReproduceSettings) -> tuple[dict, dict]:
-    t0, timings = time.perf_counter(), {}
-    out = Path(cfg.out)
+def _n_stages(cfg: ReproduceSettings, configs: dict) -> int:
+    n_theory = (1 in cfg.figures) + bool({2, 3} & set(cfg.figures)) + (4 in cfg.figures)
+    return n_theory + sum(2 * len(c) + fig56.n_stages(fig56.CurveSettings(), 0) for c in configs.values())
+
+
+def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
+    t0, cpu0, timings = time.perf_counter(), time.process_time(), {}
     inputs, emb, files = _load_inputs(cfg)                        # fails fast on missing data
+    configs = _train_configs(cfg, emb, out)                       # ... and on a bad training setting
     timings["load_data"] = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", cfg.to_dict())
-    n_theory = (1 in cfg.figures) + bool({2, 3} & set(cfg.figures)) + (4 in cfg.figures)
-    total = n_theory + sum(fig56.n_stages(_curve_settings(cfg, n)) for n in inputs)
-    with tqdm(total=total, desc="reproduce", disable=not cfg.progress, file=sys.stderr) as bar:
+    with tqdm(total=_n_stages(cfg, configs), desc="reproduce", disable=not cfg.progress, file=sys.stderr) as bar:
         last = [time.perf_counter()]
 
         def tick(stage: str) -> None:
@@ -110,13 +148,20 @@ def _run(cfg: ReproduceSettings) -> tuple[dict, dict]:
             bar.update(1)
 
         theory = _theory_figures(cfg, out, tick)
-        curves = _energy_figures(cfg, inputs, emb, out, tick)
+        curves = _energy_figures(cfg, inputs, emb, configs, out, tick)
+    timings["cpu_time_all_threads"] = time.process_time() - cpu0
     timings["total"] = time.perf_counter() - t0
-    results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "figures": theory, "energy_curves": curves,
-                         "settings": {k: v for k, v in cfg.to_dict().items()
-                                      if k not in ("out", "progress", "threads")},
-                         "embeddings": emb.describe() if emb is not None else None, "data_files": files})
+    results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,
+                        "energy_curves": curves,
+                        "settings": {k: v for k, v in cfg.to_dict().items() if k not in ("out", "progress")},
+                        "embeddings": emb.describe() if emb is not None else None, "data_files": files})
+    _write_outputs(out, results, timings, cfg)
+    return results, timings
+
+
+def _write_outputs(out: Path, results: dict, timings: dict, cfg: ReproduceSettings) -> None:
+    """results.json, timings.json, report.md and report.html (the figures are already in `out`)."""
     write_json(out / "results.json", results, sort_keys=True)
     write_json(out / "timings.json", timings)
     atomic_write_text(out / "report.md", render_report(results, timings, cfg))
-    return results, timings
+    atomic_write_text(out / "report.html", render_html(results, timings, cfg, out))
