@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accuracy-samples", type=int, default=None,
                         help="accuracy examples per data set (SST-2: all 872 dev; IMDB: 2000 test; quick 200)")
     parser.add_argument("--threads", type=int, default=None,
-                        help=f"torch/BLAS threads (default: the machine's cores, {os.cpu_count()})")
+                        help="cores to use: the trainings and curve sets run on this many worker processes of one "
+                             f"thread each (default: the machine's cores, {os.cpu_count()})")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
 

@@ -19,7 +19,9 @@ monotone when no layer step rises. Per-token energies divide a sample's energies
 n, so long texts do not dominate the boxes (the attention term sums over n² pairs, the FFN term over
 n tokens: per token the scales still differ by length, but far less than the raw sums).
 
-`compute` does no file I/O; `fig56_plot.plot` draws the figure.
+`random_curves` and `trained_curves` compute one variant each (`paper.reproduce` runs them in parallel),
+`assemble` collects a data set, `compute` runs them one after the other; none writes files.
+`fig56_plot.plot` draws the figure.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ from ..descent import descent_tolerance, lowered, share_lowered
 from ..model import UnfoldedTransformer
 from ..plots import box_stats, lowest_whisker
 
-__all__ = ["CurveSettings", "CurvesResult", "FORMULAS", "RANDOM_VARIANTS", "VariantCurves", "compute",
-           "cross_terms", "curve_summary", "per_token", "select", "spread_ratio", "summary"]
+__all__ = ["CurveSettings", "CurvesResult", "FORMULAS", "RANDOM_VARIANTS", "VariantCurves", "assemble", "compute",
+           "cross_terms", "curve_summary", "per_token", "random_curves", "select", "spread_ratio", "summary",
+           "trained_curves"]
 
 RANDOM_VARIANTS = ("random", "random-relu")
 FORMULAS = ("paper", "paper-as-released")
@@ -141,11 +144,27 @@ def _energy_curves(encoder: UnfoldedTransformer, inputs: Callable[[EncodedBatch]
     return {k: np.concatenate(v)[inverse] for k, v in parts.items()}
 
 
-def _trained_curves(variant, texts: list[str], labels: np.ndarray | None, s: CurveSettings) -> VariantCurves:
-    """Curves of a trained classifier (`paper.trained.TrainedVariant`) on its own inputs X = input map(embeddings),
-    with the safeguard if its recipe asks for it; accuracy of that function on these samples."""
-    clf, emb, spec = variant.classifier, variant.embeddings, variant.spec
-    enc = emb.encode(texts, s.eval_max_length)                     # (N, n)
+def random_curves(formula: str, variant: str, embeddings: StaticEmbeddings, texts: Sequence[str],
+                  settings: CurveSettings, seed: int = 0) -> tuple[VariantCurves, np.ndarray]:
+    """Curves of the seeded random model of `formula` ("random": no ReLU, "random-relu") on `texts`, and the
+    mean-pooled inputs (N, d)."""
+    s = settings
+    enc = embeddings.encode(list(texts), s.eval_max_length)        # (N, n)
+    encoder = _encoder(formula, variant == "random-relu", embeddings.dim, s.depth, seed)
+    curves = _energy_curves(encoder, embeddings.embed, enc, s.batch_tokens)
+    inputs_pooled = curves.pop("inputs_pooled")
+    key = f"{formula}/{variant}"
+    return VariantCurves(key, RANDOM_LABELS[variant], **curves, lengths=(~enc.padding_mask).sum(1).numpy(),
+                         d_model=embeddings.dim), inputs_pooled
+
+
+def trained_curves(variant, loaded, texts: Sequence[str], labels: Sequence[int] | None,
+                   settings: CurveSettings) -> VariantCurves:
+    """Curves of a trained classifier on its own inputs X = input map(embeddings), with the safeguard if its
+    recipe asks for it, and that function's accuracy on these samples. `variant`: a
+    `paper.trained.TrainedVariant`; `loaded`: its weights (`paper.trained.load_trained`)."""
+    clf, emb, spec, s = loaded.model, loaded.embeddings, variant.spec, settings
+    enc = emb.encode(list(texts), s.eval_max_length)               # (N, n)
     curves = _energy_curves(clf.encoder, lambda sub: clf.project(clf.embedding(sub.ids)), enc, s.batch_tokens,
                             safeguard=spec.safeguard)
     curves.pop("inputs_pooled")
@@ -153,42 +172,47 @@ def _trained_curves(variant, texts: list[str], labels: np.ndarray | None, s: Cur
     if labels is not None:
         with torch.no_grad():
             logits = clf.head(torch.as_tensor(curves["pooled"]))   # (N, C): the head on the pooled outputs
-        sample_accuracy = float((logits.argmax(-1).numpy() == labels).mean())
+        sample_accuracy = float((logits.argmax(-1).numpy() == np.asarray(labels)).mean())
     return VariantCurves(spec.key, spec.label, **curves, lengths=(~enc.padding_mask).sum(1).numpy(),
                          d_model=clf.encoder.config.d_model, safeguard=spec.safeguard, accuracy=variant.accuracy,
                          accuracy_as_trained=variant.accuracy_as_trained, sample_accuracy=sample_accuracy,
                          training=variant.training)
 
 
+def assemble(texts: Sequence[str], embeddings: StaticEmbeddings, dataset: str, settings: CurveSettings,
+             seed: int, curves: Sequence[VariantCurves], inputs_pooled: np.ndarray | None = None,
+             majority_rate: float | None = None) -> CurvesResult:
+    """One data set's result from its variants' curves (in the given order)."""
+    texts = list(texts)
+    enc = embeddings.encode(texts, settings.eval_max_length)      # (N, n)
+    full = np.array([max(len(t), 1) for t in embeddings.tokenize_many(texts)])
+    return CurvesResult(dataset, seed, descent_tolerance(torch.float32), (~enc.padding_mask).sum(1).numpy(), full,
+                        settings, embeddings.name, embeddings.dim, inputs_pooled, majority_rate,
+                        {c.key: c for c in curves})
+
+
 def compute(eval_texts: Sequence[str], embeddings: StaticEmbeddings, dataset: str = "",
             settings: CurveSettings | None = None, seed: int = 0, trained: Sequence = (),
             progress: Callable[[str], None] | None = None, labels: Sequence[int] | None = None) -> CurvesResult:
-    """Energy curves of the random variants of each formula and of each `trained` variant (THEORY §7 items 5–6).
+    """Energy curves of the random variants of each formula and of each `trained` variant, one after the
+    other (THEORY §7 items 5–6); `paper.reproduce` runs the same pieces in parallel.
 
     `trained`: `paper.trained.TrainedVariant`s; `labels` of the texts give their accuracy on these samples.
-    `progress(stage)` is called once per curve set (`n_stages`). No file I/O.
+    `progress(stage)` is called once per curve set (`n_stages`). No file writing.
     """
+    from .trained import load_trained
     s = settings or CurveSettings()
     note = progress or (lambda stage: None)
-    texts = list(eval_texts)
-    enc = embeddings.encode(texts, s.eval_max_length)              # (N, n)
-    full = np.array([max(len(t), 1) for t in embeddings.tokenize_many(texts)])
-    result = CurvesResult(dataset, seed, descent_tolerance(torch.float32), (~enc.padding_mask).sum(1).numpy(),
-                          full, s, embeddings.name, embeddings.dim)
+    curves, inputs_pooled = [], None
     for formula in s.formulas:
         for variant in RANDOM_VARIANTS:
-            encoder = _encoder(formula, variant == "random-relu", embeddings.dim, s.depth, seed)
-            curves = _energy_curves(encoder, embeddings.embed, enc, s.batch_tokens)
-            result.inputs_pooled = curves.pop("inputs_pooled")
-            key = f"{formula}/{variant}"
-            result.curves[key] = VariantCurves(key, RANDOM_LABELS[variant], **curves, lengths=result.lengths,
-                                               d_model=embeddings.dim)
-            note(f"{dataset} {key}")
+            c, inputs_pooled = random_curves(formula, variant, embeddings, eval_texts, s, seed)
+            curves.append(c)
+            note(f"{dataset} {c.key}")
     for variant in trained:
-        result.curves[variant.spec.key] = _trained_curves(variant, texts, None if labels is None
-                                                          else np.asarray(labels), s)
+        curves.append(trained_curves(variant, load_trained(variant.spec, variant.run_dir), eval_texts, labels, s))
         note(f"{dataset} {variant.spec.key}")
-    return result
+    return assemble(eval_texts, embeddings, dataset, s, seed, curves, inputs_pooled)
 
 
 def n_stages(settings: CurveSettings, n_trained: int) -> int:

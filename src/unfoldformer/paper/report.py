@@ -133,19 +133,29 @@ def _deviations(results: dict) -> list[str]:
 
 
 def _released_explanation(results: dict) -> list[str]:
+    """Why E_rel rises although every sub-step lowers its own term, with the measured terms of one rising layer."""
     out = []
     for s in results.get("energy_curves", {}).values():
         c = s["curves"].get("paper-as-released/random")
         if c is None:
             continue
-        layers = [str(t + 1) for t, share in enumerate(c["share_rising_per_layer"]) if share > 0.5]
-        out.append(f"{DATASET_NAMES[s['dataset']]}: with the released formulas E_rel rises at layers "
-                   f"t = {', '.join(layers) or 'none'} for most samples ({_pct(c['share_monotone'])} of curves "
-                   "monotone), although every attention sub-step lowers its attention term and every FFN "
-                   "sub-step its FFN term. E_rel is not the energy the released steps descend together: its "
-                   "attention term uses the metric W Wᵀ while the step uses WᵀW, and it adds ½‖YW‖² instead of "
-                   "½‖Y‖² (THEORY §7.1), so one sub-step raises the other's term. The corrected `paper` formulas "
-                   "use one metric for both, and their curves never rise.")
+        layers = [t + 1 for t, share in enumerate(c["share_rising_per_layer"]) if share > 0.5]
+        text = (f"{DATASET_NAMES[s['dataset']]}: with the released formulas E_rel rises at layers "
+                f"t = {', '.join(map(str, layers)) or 'none'} for most samples ({_pct(c['share_monotone'])} of "
+                "curves never rise), although every attention sub-step lowers its attention term "
+                f"({_pct(c['share_attention_steps_lowering'])}) and every FFN sub-step its FFN term "
+                f"({_pct(c['share_ffn_steps_lowering'])}). E_rel is not the energy the released steps descend "
+                "together: its attention term uses the metric W Wᵀ while the step uses WᵀW, and it adds ½‖YW‖² "
+                "instead of ½‖Y‖² (THEORY §7.1), so a sub-step can raise the other sub-step's term.")
+        own, cross = c.get("median_own_changes_per_token"), c.get("median_cross_changes_per_token")
+        if layers and own and cross:
+            i = layers[0] - 1
+            text += (f" Measured at layer {layers[0]} (medians per token): the attention step changes its term by "
+                     f"{own['attention_step_on_attention_term'][i]:.3g} and the FFN term by "
+                     f"{cross['attention_step_on_ffn_term'][i]:+.3g}; the FFN step changes its term by "
+                     f"{own['ffn_step_on_ffn_term'][i]:.3g} and the attention term by "
+                     f"{cross['ffn_step_on_attention_term'][i]:+.3g}.")
+        out.append(text + " The corrected `paper` formulas use one metric for both, and their curves never rise.")
     return out
 
 
@@ -206,7 +216,7 @@ def _curve_section(s: dict) -> list[tuple]:
 def report_blocks(results: dict, timings: dict, cfg: ReproduceSettings) -> list[tuple]:
     """The whole report: verdicts, deviations, the as-released explanation, figures and their numbers."""
     total = timings.get("total", 0.0)
-    stages = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("total", "cpu_time_all_threads"))
+    stages = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("total", "cpu_time_all_processes"))
     blocks: list[tuple] = [
         ("h", 1, TITLE),
         ("p", f"Mode `{cfg.mode}`, seed {cfg.seed}, figures {cfg.figures}, data sets {cfg.datasets}, "
@@ -231,8 +241,9 @@ def report_blocks(results: dict, timings: dict, cfg: ReproduceSettings) -> list[
     blocks += [("h", 2, "Released-code defects fixed by the corrected model (THEORY §7)"),
                ("table", ["released code", "corrected pipeline"], [list(d) for d in RELEASED_DEFECTS]),
                ("h", 2, "Wall time"),
-               ("p", f"{total:.1f} s in all ({timings.get('cpu_time_all_threads', 0.0):.1f} s of CPU time over "
-                     f"{cfg.threads} thread(s)): {stages}.")]
+               ("p", f"{total:.1f} s in all ({timings.get('cpu_time_all_processes', 0.0):.1f} s of CPU time; "
+                     f"{cfg.threads} worker process(es) of one thread each). Per stage (a training or curve set: "
+                     f"its wall time in its worker; they overlap): {stages}.")]
     return blocks
 
 

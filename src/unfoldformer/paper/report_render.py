@@ -64,7 +64,10 @@ def _inline(text: str) -> str:
 
 
 def _cell_class(text: str) -> str:
-    word = str(text).split(" ")[0].strip("*").lower()
+    """Colour of a verdict cell: "yes", "no", or "partly" for a qualified answer ("yes, but …")."""
+    word = str(text).split(" ")[0].strip("*,").lower()
+    if word in ("yes", "no") and ", but " in str(text):
+        return "partly"
     return {"yes": "yes", "no": "no", "partly": "partly"}.get(word, "")
 
 

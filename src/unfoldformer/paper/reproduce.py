@@ -7,7 +7,8 @@ numbers; the HTML page embeds the figures), `results.json` (every number; determ
 seed and thread count), `timings.json` (wall times, kept apart so results.json files compare
 equal), `config.json` (the resolved settings) and, for figures 5–6, one training run folder per
 trained variant under `models/` (open one with `unfoldformer.load`). Every TrainConfig is
-validated before any work. Torch and BLAS run on `settings.threads` threads.
+validated before any work. The trainings and curve sets run on `settings.threads` worker processes of
+one thread each (`paper.tasks`).
 
 Everything is written below one folder, chosen in `run_reproduction` only (`_run(cfg, out)`).
 """
@@ -27,7 +28,8 @@ from . import fig1_apollonius, fig4_kappa, fig23_alternating, fig56_plot
 from . import fig56_energy_curves as fig56
 from .report import render_html, render_report
 from .settings import DATASET_FIGURE, FIGURE_FILES, ReproduceSettings
-from .trained import recipes, train_config, train_variant
+from .tasks import Job, random_curves_job, run_jobs, train_job, trained_curves_job
+from .trained import recipes, train_config
 
 __all__ = ["run_reproduction"]
 
@@ -56,7 +58,7 @@ def _train_configs(cfg: ReproduceSettings, emb, out: Path) -> dict:
     return {name: [(spec, train_config(spec, name, out / MODELS / f"{name}-{spec.name}", embeddings=cfg.embeddings,
                                        embedding_dim=emb.dim,
                                        accuracy_examples=getattr(cfg, f"{name}_accuracy_samples"),
-                                       seed=cfg.seed, threads=cfg.threads, data_dir=cfg.data_dir))
+                                       seed=cfg.seed, threads=1, data_dir=cfg.data_dir))
                    for spec in recipes(cfg, name)]
             for name in cfg.datasets}
 
@@ -97,17 +99,45 @@ def _caption(cfg: ReproduceSettings, s: dict, emb) -> str:
             f"{100 * s['majority_rate']:.1f}%. A rising step: E(Y⁽ᵗ⁾) > E(Y⁽ᵗ⁻¹⁾) + 1e-6·(1 + |E(Y⁽ᵗ⁻¹⁾)|).")
 
 
+def _curve_settings(cfg: ReproduceSettings, dataset: str) -> fig56.CurveSettings:
+    return fig56.CurveSettings(eval_max_length=cfg.imdb_max_length if dataset == "imdb" else None)
+
+
+def _jobs(cfg: ReproduceSettings, inputs: dict, configs: dict) -> dict[str, Job]:
+    """Every training and curve set of figures 5–6, longest first: the AdamW trainings, the random curves
+    (IMDB first), the SGD trainings; each trained curve set after its training."""
+    vocab = tuple(t for texts, _, _ in inputs.values() for t in texts)
+    trainings = [(name, spec, tcfg) for name in inputs for spec, tcfg in configs[name]]
+    trainings.sort(key=lambda item: item[1].optimizer != "adamw")          # stable: AdamW runs first
+    jobs: dict[str, Job] = {}
+    for name, spec, tcfg in trainings[:sum(spec.optimizer == "adamw" for _, spec, _ in trainings)]:
+        jobs[f"{name} train {spec.key}"] = Job(train_job, (spec, tcfg))
+    for name, (texts, _, _) in inputs.items():
+        settings = _curve_settings(cfg, name)
+        for formula in settings.formulas:
+            for variant in fig56.RANDOM_VARIANTS:
+                jobs[f"{name} {formula}/{variant}"] = Job(random_curves_job, (formula, variant, cfg.embeddings,
+                                                                              vocab, cfg.seed, texts, settings))
+    for name, spec, tcfg in trainings:
+        jobs.setdefault(f"{name} train {spec.key}", Job(train_job, (spec, tcfg)))
+    for name, (texts, labels, _) in inputs.items():
+        for spec, _ in configs[name]:
+            jobs[f"{name} {spec.key}"] = Job(trained_curves_job, (texts, labels, _curve_settings(cfg, name)),
+                                             after=(f"{name} train {spec.key}",))
+    return jobs
+
+
 def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, out: Path, tick) -> dict:
-    """Figures 5–6 per data set: trained variants, curves, summaries; PNGs written to `out`."""
+    """Figures 5–6: every job on `cfg.threads` workers, then per data set the summary and the PNG in `out`."""
+    done = run_jobs(_jobs(cfg, inputs, configs), cfg.threads, lambda key, wall, cpu: tick(key, wall))
     res = {}
-    for name, (texts, labels, majority) in inputs.items():
-        trained = []
-        for spec, tcfg in configs[name]:
-            trained.append(train_variant(spec, tcfg))
-            tick(f"{name} train {spec.key}")
-        settings = fig56.CurveSettings(eval_max_length=cfg.imdb_max_length if name == "imdb" else None)
-        r = fig56.compute(texts, emb, name, settings, cfg.seed, trained, tick, labels=labels)
-        r.majority_rate = majority
+    for name, (texts, _, majority) in inputs.items():
+        settings = _curve_settings(cfg, name)
+        randoms = [done[f"{name} {f}/{v}"] for f in settings.formulas for v in fig56.RANDOM_VARIANTS]
+        trained = [done[f"{name} train {spec.key}"] for spec, _ in configs[name]]
+        curves = [c for c, _ in randoms] + [done[f"{name} {spec.key}"] for spec, _ in configs[name]]
+        r = fig56.assemble(texts, emb, name, settings, cfg.seed, curves, randoms[-1][1] if randoms else None,
+                           majority)
         s = {**fig56.summary(r), "settings": jsonable(vars(settings)),
              "n_accuracy": trained[0].training["accuracy_examples"] if trained else None,
              "runs": {v.spec.key: f"{MODELS}/{v.run_dir.name}" for v in trained}}
@@ -121,18 +151,28 @@ def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, ou
 
 # ----------------------------------------------------------------------------- run
 def run_reproduction(cfg: ReproduceSettings) -> tuple[dict, dict]:
-    """Run the selected figures and write every output into `cfg.out`; returns (results, timings) as written."""
-    with torch_threads(cfg.threads):
+    """Run the selected figures and write every output into `cfg.out`; returns (results, timings) as written.
+
+    The trainings and curve sets run on `cfg.threads` worker processes of one thread each (`paper.tasks`);
+    the rest runs here on one thread."""
+    with torch_threads(1):
         return _run(cfg, Path(cfg.out))
 
 
 def _n_stages(cfg: ReproduceSettings, configs: dict) -> int:
     n_theory = (1 in cfg.figures) + bool({2, 3} & set(cfg.figures)) + (4 in cfg.figures)
-    return n_theory + sum(2 * len(c) + fig56.n_stages(fig56.CurveSettings(), 0) for c in configs.values())
+    return n_theory + sum(len(c) + fig56.n_stages(fig56.CurveSettings(), len(c)) for c in configs.values())
+
+
+def _cpu_time() -> float:
+    """CPU seconds of this process and of its finished worker processes."""
+    import resource
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
-    t0, cpu0, timings = time.perf_counter(), time.process_time(), {}
+    t0, cpu0, timings = time.perf_counter(), _cpu_time(), {}
     inputs, emb, files = _load_inputs(cfg)                        # fails fast on missing data
     configs = _train_configs(cfg, emb, out)                       # ... and on a bad training setting
     timings["load_data"] = time.perf_counter() - t0
@@ -141,15 +181,16 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
     with tqdm(total=_n_stages(cfg, configs), desc="reproduce", disable=not cfg.progress, file=sys.stderr) as bar:
         last = [time.perf_counter()]
 
-        def tick(stage: str) -> None:
+        def tick(stage: str, seconds: float | None = None) -> None:
+            """A stage finished: its wall time (`seconds` measured by its worker, else since the last stage)."""
             now = time.perf_counter()
-            timings[stage], last[0] = now - last[0], now
+            timings[stage], last[0] = now - last[0] if seconds is None else seconds, now
             bar.set_postfix_str(stage)
             bar.update(1)
 
         theory = _theory_figures(cfg, out, tick)
         curves = _energy_figures(cfg, inputs, emb, configs, out, tick)
-    timings["cpu_time_all_threads"] = time.process_time() - cpu0
+    timings["cpu_time_all_processes"] = _cpu_time() - cpu0
     timings["total"] = time.perf_counter() - t0
     results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,
                         "energy_curves": curves,

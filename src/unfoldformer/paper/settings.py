@@ -25,7 +25,7 @@ MODES = {
                  trained_batch_size=64, imdb_accuracy_samples=2000, sst2_accuracy_samples=None, grid=401,
                  half_steps=200),
     "quick": dict(samples=32, imdb_max_length=128, released_examples=200, sst2_train_examples=8000,
-                  imdb_train_examples=4000, sst2_train_length=64, imdb_train_length=64, trained_width=32,
+                  imdb_train_examples=8000, sst2_train_length=64, imdb_train_length=32, trained_width=32,
                   trained_batch_size=16, imdb_accuracy_samples=200, sst2_accuracy_samples=200, grid=201,
                   half_steps=200),
 }

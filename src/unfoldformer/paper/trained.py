@@ -15,8 +15,9 @@ the reproduction's output (open one with `unfoldformer.load(folder)`):
   recipe.
 
 `RecipeSpec` lists what differs between recipes; `train_config` turns one into a validated
-`TrainConfig`; `train_variant` trains it (or finds it finished), loads the final weights and
-measures accuracy (`unfoldformer.train.evaluate`). No plotting here.
+`TrainConfig`; `train_variant` trains it, loads the final weights and measures accuracy
+(`unfoldformer.train.evaluate`); `load_trained` opens a finished run as the figures show it.
+No plotting here.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from ..train.evaluate import evaluate
 
 MONITOR_EXAMPLES = 200        # evaluation examples of the in-training evaluation (a progress signal only)
 
-__all__ = ["RecipeSpec", "TrainedVariant", "recipes", "train_config", "train_variant"]
+__all__ = ["RecipeSpec", "TrainedVariant", "load_trained", "recipes", "train_config", "train_variant"]
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,11 @@ class RecipeSpec:
 
 @dataclass
 class TrainedVariant:
-    """A trained classifier of one recipe, with what the report needs about it."""
+    """A finished training run of one recipe, with what the report needs about it (the weights stay in
+    `run_dir`; `load_trained` opens them)."""
 
     spec: RecipeSpec
     run_dir: Path
-    classifier: torch.nn.Module       # SequenceClassifier, eval mode, final weights
-    embeddings: object                # its StaticEmbeddings
     accuracy: float                   # final weights (after released_normalize_ for the released model)
     accuracy_as_trained: float | None  # released model only: before released_normalize_()
     training: dict                    # steps, examples, losses (no wall times)
@@ -106,25 +106,30 @@ def _accuracy(loaded, cfg: TrainConfig, length: int | None) -> tuple[float, int]
     return res["accuracy"], res["n"]
 
 
+def load_trained(spec: RecipeSpec, run_dir: Path):
+    """The final weights of a recipe's run (`train.LoadedClassifier`) as figures 5–6 show them: the released
+    model with `released_normalize_()` applied once more, as the released code does after training."""
+    loaded = load_classifier(Path(run_dir) / "last.safetensors")
+    if spec.kind == "paper-as-released":
+        loaded.model.encoder.released_normalize_()                # squares W_f again, as released
+    return loaded
+
+
 def train_variant(spec: RecipeSpec, cfg: TrainConfig) -> TrainedVariant:
     """Train `cfg` (a fresh run in `cfg.run.out_dir`), load its final weights, measure accuracy at
     `spec.eval_length` (the released model before and after `released_normalize_()`)."""
     summary = train(cfg)
     run_dir = Path(cfg.run.out_dir)
-    loaded = load_classifier(run_dir / "last.safetensors")
-    accuracy, n = _accuracy(loaded, cfg, spec.eval_length)
     as_trained = None
     if spec.kind == "paper-as-released":
-        as_trained = accuracy
-        loaded.model.encoder.released_normalize_()                # squares W_f again, as released
-        accuracy, n = _accuracy(loaded, cfg, spec.eval_length)
+        as_trained, _ = _accuracy(load_classifier(run_dir / "last.safetensors"), cfg, spec.eval_length)
+    accuracy, n = _accuracy(load_trained(spec, run_dir), cfg, spec.eval_length)
     resolved = json.loads((run_dir / "config.json").read_text())["resolved"]
     final = summary["final"]
     training = {"steps": summary["steps"], "train_examples": resolved["train_examples"], "accuracy_examples": n,
                 "accuracy_max_length": spec.eval_length, "train_max_length": spec.max_length,
                 "parameters": resolved["parameters"], "final_train_loss": final["train_loss"]}
-    return TrainedVariant(spec, run_dir, loaded.model, loaded.embeddings, accuracy, as_trained, training,
-                          summary["wall_time_s"])
+    return TrainedVariant(spec, run_dir, accuracy, as_trained, training, summary["wall_time_s"])
 
 
 def _count(n: int | None) -> str:
