@@ -24,11 +24,11 @@ from tqdm import tqdm
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_files, load_dataset, load_embeddings
 from ..data.batching import seeded_subset
 from ..utils import atomic_write_text, jsonable, torch_threads, write_json
-from . import fig1_apollonius, fig4_kappa, fig23_alternating, fig56_plot
 from . import fig56_energy_curves as fig56
+from . import fig56_plot
 from .report import render_html, render_report
 from .settings import DATASET_FIGURE, FIGURE_FILES, ReproduceSettings
-from .tasks import Job, random_curves_job, run_jobs, train_job, trained_curves_job
+from .tasks import Job, random_curves_job, run_jobs, theory_job, train_job, trained_curves_job
 from .trained import recipes, train_config
 
 __all__ = ["run_reproduction"]
@@ -64,25 +64,13 @@ def _train_configs(cfg: ReproduceSettings, emb, out: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- figures
-def _theory_figures(cfg: ReproduceSettings, out: Path, tick) -> dict:
-    """Figures 1–4 (THEORY §3.5, §7 items 1–4): summaries, PNGs written to `out`."""
-    figs, seed, res = cfg.figures, cfg.seed, {}
-    if 1 in figs:
-        r = fig1_apollonius.compute(seed=seed, grid=cfg.grid)
-        fig1_apollonius.plot(r, out / FIGURE_FILES[1])
-        res["1"] = fig1_apollonius.summary(r)
-        tick("figure 1")
-    if 2 in figs or 3 in figs:
-        r = fig23_alternating.compute(seed=seed, half_steps=cfg.half_steps)
-        fig23_alternating.plot(r, out / FIGURE_FILES[2], path_fig3=out / FIGURE_FILES[3])
-        res["2-3"] = fig23_alternating.summary(r)
-        tick("figures 2-3")
-    if 4 in figs:
-        r, variant = fig4_kappa.compute_authors(seed=seed), fig4_kappa.compute(seed=seed, grid=cfg.grid)
-        fig4_kappa.plot(r, out / FIGURE_FILES[4], variant=variant)
-        res["4"] = {**fig4_kappa.summary(r), "quadrant_variant": fig4_kappa.summary(variant)}
-        tick("figure 4")
-    return res
+THEORY_FIGURES = {"1": (1,), "2-3": (2, 3), "4": (4,)}
+
+
+def _theory_jobs(cfg: ReproduceSettings, out: Path) -> dict[str, Job]:
+    """Figures 1–4 (THEORY §3.5, §7 items 1–4) that `cfg.figures` selects, as jobs writing their PNGs to `out`."""
+    return {f"figure {key}": Job(theory_job, (key, cfg.seed, cfg.grid, cfg.half_steps, out))
+            for key, numbers in THEORY_FIGURES.items() if set(numbers) & set(cfg.figures)}
 
 
 def _caption(cfg: ReproduceSettings, s: dict, emb) -> str:
@@ -127,9 +115,12 @@ def _jobs(cfg: ReproduceSettings, inputs: dict, configs: dict) -> dict[str, Job]
     return jobs
 
 
-def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, out: Path, tick) -> dict:
-    """Figures 5–6: every job on `cfg.threads` workers, then per data set the summary and the PNG in `out`."""
-    done = run_jobs(_jobs(cfg, inputs, configs), cfg.threads, lambda key, wall, cpu: tick(key, wall))
+def _figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, out: Path, tick) -> tuple[dict, dict]:
+    """Every job on `cfg.threads` workers (figures 1–4, trainings, curve sets), then per data set of
+    figures 5–6 the summary and the PNG in `out`. Returns (summaries of figures 1–4, of figures 5–6)."""
+    jobs = {**_jobs(cfg, inputs, configs), **_theory_jobs(cfg, out)}
+    done = run_jobs(jobs, cfg.threads, lambda key, wall, cpu: tick(key, wall))
+    theory = {key: done[f"figure {key}"] for key in THEORY_FIGURES if f"figure {key}" in done}
     res = {}
     for name, (texts, _, majority) in inputs.items():
         settings = _curve_settings(cfg, name)
@@ -146,7 +137,7 @@ def _energy_figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, ou
                         title=f"Figure {fig}: energy per layer, {DATASET_NAMES[name]} {EVAL_SPLITS[name]} "
                               f"({len(texts)} samples)")
         res[name] = s
-    return res
+    return theory, res
 
 
 # ----------------------------------------------------------------------------- run
@@ -188,8 +179,7 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
             bar.set_postfix_str(stage)
             bar.update(1)
 
-        theory = _theory_figures(cfg, out, tick)
-        curves = _energy_figures(cfg, inputs, emb, configs, out, tick)
+        theory, curves = _figures(cfg, inputs, emb, configs, out, tick)
     timings["cpu_time_all_processes"] = _cpu_time() - cpu0
     timings["total"] = time.perf_counter() - t0
     results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,

@@ -8,9 +8,9 @@ depends on have finished (in the order given otherwise). With `workers == 1` it 
 process, one after the other. Every job seeds its own random numbers, so results do not depend on
 the number of workers or the order in which jobs finish.
 
-Jobs are module-level functions of picklable arguments: `train_job` (one recipe through
-`unfoldformer.train`, writing its run folder), `random_curves_job` and `trained_curves_job` (one
-curve set each, returned as arrays).
+Jobs are module-level functions of picklable arguments: `theory_job` (one of figures 1–4, writing its
+PNG), `train_job` (one recipe through `unfoldformer.train`, writing its run folder),
+`random_curves_job` and `trained_curves_job` (one curve set each, returned as arrays).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "random_curves_job", "run_jobs", "train_job", "trained_curves_job"]
+__all__ = ["Job", "random_curves_job", "run_jobs", "theory_job", "train_job", "trained_curves_job"]
 
 
 @dataclass
@@ -110,6 +110,23 @@ def _embeddings(spec: str, vocab: tuple[str, ...], seed: int):
     if key not in _EMBEDDINGS:
         _EMBEDDINGS[key] = load_embeddings(spec, vocab_texts=list(vocab), seed=seed)
     return _EMBEDDINGS[key]
+
+
+def theory_job(figure: str, seed: int, grid: int, half_steps: int, out: Path) -> dict:
+    """One of figures 1, 2–3, 4 (THEORY §3.5, §7 items 1–4): its PNG(s) written to `out`, its summary returned."""
+    from . import fig1_apollonius, fig4_kappa, fig23_alternating
+    from .settings import FIGURE_FILES
+    if figure == "1":
+        r = fig1_apollonius.compute(seed=seed, grid=grid)
+        fig1_apollonius.plot(r, out / FIGURE_FILES[1])
+        return fig1_apollonius.summary(r)
+    if figure == "2-3":
+        r = fig23_alternating.compute(seed=seed, half_steps=half_steps)
+        fig23_alternating.plot(r, out / FIGURE_FILES[2], path_fig3=out / FIGURE_FILES[3])
+        return fig23_alternating.summary(r)
+    r, variant = fig4_kappa.compute_authors(seed=seed), fig4_kappa.compute(seed=seed, grid=grid)
+    fig4_kappa.plot(r, out / FIGURE_FILES[4], variant=variant)
+    return {**fig4_kappa.summary(r), "quadrant_variant": fig4_kappa.summary(variant)}
 
 
 def train_job(spec, cfg):
