@@ -7,8 +7,9 @@ the certified-tied model) and the released formulas (E_rel). Each variant is a c
   1.5·IQR whiskers, points beyond them counted in the panel, not drawn), the median of each box
   (orange) and the mean (red);
 - bottom: the per-layer change (E(Y⁽ᵗ⁾) − E(Y⁽ᵗ⁻¹⁾))/n on a symmetric log scale, so a change of 1e-6
-  at layer 12 is as visible as one of 1e2 at layer 1; rising steps (beyond the round-off allowance)
-  are red dots and counted in the panel.
+  at layer 12 is as visible as one of 1e2 at layer 1; the shaded band is the float32 round-off
+  allowance within which a change does not count as a rise; rising steps (beyond it) are red dots
+  and counted in the panel.
 
 A caption names the embeddings, the data, the truncation and the sample count.
 """
@@ -29,7 +30,7 @@ GROUPS = (
     ("as released: the authors' formulas, energy E_rel (THEORY §7.1)",
      ("paper-as-released/random", "paper-as-released/random-relu", "paper-as-released/trained-as-released")),
 )
-_MEDIAN, _MEAN, _RISE = "tab:orange", "tab:red", "crimson"
+_MEDIAN, _MEAN, _RISE, _BAND = "tab:orange", "tab:red", "crimson", "#d9e8f5"
 
 
 def _title(c: VariantCurves) -> str:
@@ -66,6 +67,9 @@ def _change_panel(ax, c: VariantCurves, tol: float) -> None:
     change = np.diff(tok, axis=1)                                  # (N, T)
     rises = ~lowered(c.energies[:, :-1], c.energies[:, 1:], tol)  # (N, T)
     pos = np.arange(1, tok.shape[1])
+    allowance = np.median(tol * (1 + np.abs(c.energies[:, :-1])) / c.lengths[:, None], axis=0)   # (T,) per token
+    ax.fill_between(np.r_[pos[0] - 0.5, pos, pos[-1] + 0.5], -np.r_[allowance[0], allowance, allowance[-1]],
+                    np.r_[allowance[0], allowance, allowance[-1]], step="mid", color=_BAND, lw=0, zorder=0)
     ax.axhline(0.0, color="0.5", lw=0.8)
     ax.bxp([box_stats(change[:, t - 1]) for t in pos], positions=pos, showfliers=False, widths=0.6,
            medianprops={"color": _MEDIAN, "lw": 1.5})
@@ -90,7 +94,9 @@ def _legend(ax) -> None:
                Line2D([], [], color=_MEDIAN, lw=1.5, label="median"),
                Line2D([], [], color=_MEAN, marker="o", ms=3, lw=1.0, label="mean (top row)"),
                Line2D([], [], color=_RISE, marker=".", ls="", ms=6, label="a rising step (bottom row)"),
-               Line2D([], [], color="0.5", lw=0.8, label="no change (bottom row)")]
+               Line2D([], [], color="0.5", lw=0.8, label="no change (bottom row)"),
+               Patch(fc=_BAND, ec="none", label="round-off allowance of a step: ±1e-6·(1 + |E|)/n,\n"
+                                                "median over the samples (bottom row)")]
     ax.legend(handles=handles, loc="center", fontsize=8, frameon=False)
 
 

@@ -216,7 +216,6 @@ def _curve_section(s: dict) -> list[tuple]:
 def report_blocks(results: dict, timings: dict, cfg: ReproduceSettings) -> list[tuple]:
     """The whole report: verdicts, deviations, the as-released explanation, figures and their numbers."""
     total = timings.get("total", 0.0)
-    stages = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("total", "cpu_time_all_processes"))
     blocks: list[tuple] = [
         ("h", 1, TITLE),
         ("p", f"Mode `{cfg.mode}`, seed {cfg.seed}, figures {cfg.figures}, data sets {cfg.datasets}, "
@@ -241,9 +240,11 @@ def report_blocks(results: dict, timings: dict, cfg: ReproduceSettings) -> list[
     blocks += [("h", 2, "Released-code defects fixed by the corrected model (THEORY §7)"),
                ("table", ["released code", "corrected pipeline"], [list(d) for d in RELEASED_DEFECTS]),
                ("h", 2, "Wall time"),
-               ("p", f"{total:.1f} s in all ({timings.get('cpu_time_all_processes', 0.0):.1f} s of CPU time; "
-                     f"{cfg.threads} worker process(es) of one thread each). Per stage (a training or curve set: "
-                     f"its wall time in its worker; they overlap): {stages}.")]
+               ("p", f"{total:.1f} s in all, {timings.get('cpu_time_all_processes', 0.0):.1f} s of CPU time over all "
+                     f"processes; {cfg.threads} worker process(es) of one thread each ran the jobs below (they "
+                     f"overlap); loading the data took {timings.get('load_data', 0.0):.1f} s."),
+               ("table", ["job", "wall (s)", "CPU (s)"],
+                [[k, f"{v['wall_s']:.1f}", f"{v['cpu_s']:.1f}"] for k, v in timings.get("jobs", {}).items()])]
     return blocks
 
 

@@ -92,34 +92,31 @@ def _curve_settings(cfg: ReproduceSettings, dataset: str) -> fig56.CurveSettings
 
 
 def _jobs(cfg: ReproduceSettings, inputs: dict, configs: dict) -> dict[str, Job]:
-    """Every training and curve set of figures 5–6, longest first: the AdamW trainings, the random curves
-    (IMDB first), the SGD trainings; each trained curve set after its training."""
+    """Every training and curve set of figures 5–6 in priority order: the AdamW trainings (longest), the SGD
+    trainings, each followed by its curve set, then the random models' curve sets (IMDB first)."""
     vocab = tuple(t for texts, _, _ in inputs.values() for t in texts)
     trainings = [(name, spec, tcfg) for name in inputs for spec, tcfg in configs[name]]
-    trainings.sort(key=lambda item: item[1].optimizer != "adamw")          # stable: AdamW runs first
+    trainings.sort(key=lambda item: item[1].optimizer != "adamw")          # stable: AdamW first
     jobs: dict[str, Job] = {}
-    for name, spec, tcfg in trainings[:sum(spec.optimizer == "adamw" for _, spec, _ in trainings)]:
+    for name, spec, tcfg in trainings:
+        texts, labels, _ = inputs[name]
         jobs[f"{name} train {spec.key}"] = Job(train_job, (spec, tcfg))
+        jobs[f"{name} {spec.key}"] = Job(trained_curves_job, (texts, labels, _curve_settings(cfg, name)),
+                                         after=(f"{name} train {spec.key}",))
     for name, (texts, _, _) in inputs.items():
         settings = _curve_settings(cfg, name)
         for formula in settings.formulas:
             for variant in fig56.RANDOM_VARIANTS:
                 jobs[f"{name} {formula}/{variant}"] = Job(random_curves_job, (formula, variant, cfg.embeddings,
                                                                               vocab, cfg.seed, texts, settings))
-    for name, spec, tcfg in trainings:
-        jobs.setdefault(f"{name} train {spec.key}", Job(train_job, (spec, tcfg)))
-    for name, (texts, labels, _) in inputs.items():
-        for spec, _ in configs[name]:
-            jobs[f"{name} {spec.key}"] = Job(trained_curves_job, (texts, labels, _curve_settings(cfg, name)),
-                                             after=(f"{name} train {spec.key}",))
     return jobs
 
 
 def _figures(cfg: ReproduceSettings, inputs: dict, emb, configs: dict, out: Path, tick) -> tuple[dict, dict]:
     """Every job on `cfg.threads` workers (figures 1–4, trainings, curve sets), then per data set of
     figures 5–6 the summary and the PNG in `out`. Returns (summaries of figures 1–4, of figures 5–6)."""
-    jobs = {**_jobs(cfg, inputs, configs), **_theory_jobs(cfg, out)}
-    done = run_jobs(jobs, cfg.threads, lambda key, wall, cpu: tick(key, wall))
+    jobs = {**_theory_jobs(cfg, out), **_jobs(cfg, inputs, configs)}
+    done = run_jobs(jobs, cfg.threads, tick)
     theory = {key: done[f"figure {key}"] for key in THEORY_FIGURES if f"figure {key}" in done}
     res = {}
     for name, (texts, _, majority) in inputs.items():
@@ -169,13 +166,12 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
     timings["load_data"] = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", cfg.to_dict())
+    jobs = timings["jobs"] = {}
     with tqdm(total=_n_stages(cfg, configs), desc="reproduce", disable=not cfg.progress, file=sys.stderr) as bar:
-        last = [time.perf_counter()]
 
-        def tick(stage: str, seconds: float | None = None) -> None:
-            """A stage finished: its wall time (`seconds` measured by its worker, else since the last stage)."""
-            now = time.perf_counter()
-            timings[stage], last[0] = now - last[0] if seconds is None else seconds, now
+        def tick(stage: str, wall: float, cpu: float) -> None:
+            """A job finished after `wall` seconds in its worker, `cpu` of them on the CPU."""
+            jobs[stage] = {"wall_s": wall, "cpu_s": cpu}
             bar.set_postfix_str(stage)
             bar.update(1)
 

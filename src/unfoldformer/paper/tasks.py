@@ -3,8 +3,9 @@
 Most of a reproduction is small tensors (12-step models of width ≤ 384, short texts), on which a second
 torch thread gains little and, on a busy machine, can cost a lot (threads spin while they wait for a
 core); separate processes keep every core busy. So `run_jobs(jobs, workers)` runs the jobs on
-`workers` spawned processes, each with one torch and BLAS thread, starting a job once the jobs it
-depends on have finished (in the order given otherwise). With `workers == 1` it runs them in this
+`workers` spawned processes, each with one torch and BLAS thread: whenever a worker is free it
+starts the first job, in the order given, whose dependencies have finished (the order is the
+priority). With `workers == 1` it runs them in this
 process, one after the other. Every job seeds its own random numbers, so results do not depend on
 the number of workers or the order in which jobs finish.
 
@@ -80,7 +81,9 @@ def run_jobs(jobs: dict[str, Job], workers: int,
     with executor as ex:
         try:
             while pending or running:
-                for key, job in list(pending.items()):
+                for key, job in list(pending.items()):                # the first ready jobs, in the order given
+                    if len(running) >= max(workers, 1):
+                        break
                     if all(d in results for d in job.after):
                         running[ex.submit(_timed, job.fn, *job.args, *(results[d] for d in job.after))] = key
                         del pending[key]
