@@ -127,6 +127,20 @@ def test_cross_terms_add_up_to_the_layer_change(tiny):
         np.testing.assert_allclose(total, change, rtol=0, atol=64 * np.finfo(np.float64).eps * scale)
 
 
+def test_change_share_is_the_layer_change_over_the_total_descent(tiny):
+    """Each monotone curve's shares are ≤ 0 and sum to −1 (the whole descent, no step rising); shares are
+    free of a per-sample scale: multiplying a sample's energies by 7 leaves them unchanged."""
+    result, _, _ = tiny
+    for c in result.curves.values():
+        share = fig56.change_share(c, result.tolerance)                   # (N, T)
+        monotone = (np.diff(c.energies, axis=1) <= 0).all(axis=1)
+        # float64 round-off of differences of energies of size |E|, divided by D
+        tol = 64 * np.finfo(np.float64).eps * np.abs(c.energies).max() / fig56.descent_scale(c, 1e-300).min()
+        np.testing.assert_allclose(share[monotone].sum(axis=1), -1.0, rtol=0, atol=c.energies.shape[1] * tol)
+        scaled = fig56.VariantCurves(**{**vars(c), "energies": c.energies * 7.0})
+        np.testing.assert_allclose(fig56.change_share(scaled, 0.0), fig56.change_share(c, 0.0), rtol=0, atol=tol)
+
+
 def test_summary_shares_and_per_token_energies(tiny):
     result, _, _ = tiny
     s = fig56.summary(result)
@@ -309,7 +323,7 @@ def test_report_opens_with_verdicts_and_lists_deviations_once():
                  tokens_per_sample={"mean": 20.0, "max": 50}, embeddings="minilm", embedding_dim=384,
                  n_accuracy=872, tolerance=1e-6, inputs_pooled_spread_ratio=0.8, runs={})
         for c in s["curves"].values():
-            c.update(median_change_per_token=[-1.0] * 12, share_backtracked_layer_steps=0.0,
+            c.update(median_change_share=[-1.0] * 12, share_backtracked_layer_steps=0.0,
                      pooled_spread_ratio=0.1, sample_accuracy=None)
     res["figures"]["1"].update(y_f=[0, 0])
     md = to_markdown(report_blocks(res, {"total": 1.0}, ReproduceSettings.create()))

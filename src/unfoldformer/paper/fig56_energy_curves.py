@@ -39,9 +39,9 @@ from ..descent import descent_tolerance, lowered, share_lowered
 from ..model import UnfoldedTransformer
 from ..plots import box_stats, lowest_whisker
 
-__all__ = ["CurveSettings", "CurvesResult", "FORMULAS", "RANDOM_VARIANTS", "VariantCurves", "assemble", "compute",
-           "cross_terms", "curve_summary", "per_token", "random_curves", "select", "spread_ratio", "summary",
-           "trained_curves"]
+__all__ = ["CurveSettings", "CurvesResult", "FORMULAS", "RANDOM_VARIANTS", "VariantCurves", "assemble",
+           "beyond_whiskers", "change_share", "compute", "cross_terms", "curve_summary", "descent_scale", "per_token",
+           "random_curves", "select", "spread_ratio", "summary", "trained_curves"]
 
 RANDOM_VARIANTS = ("random", "random-relu")
 FORMULAS = ("paper", "paper-as-released")
@@ -226,6 +226,18 @@ def per_token(c: VariantCurves) -> np.ndarray:
     return c.energies / c.lengths[:, None]
 
 
+def descent_scale(c: VariantCurves, tol: float) -> np.ndarray:
+    """Each sample's total descent D = E(Y⁽⁰⁾) − min_t E(Y⁽ᵗ⁾) (N,), at least its round-off allowance."""
+    E = c.energies                                                 # (N, T+1)
+    return np.maximum(E[:, 0] - E.min(axis=1), tol * (1 + np.abs(E[:, 0])))
+
+
+def change_share(c: VariantCurves, tol: float) -> np.ndarray:
+    """Per-layer change as a share of the sample's total descent, (E(Y⁽ᵗ⁾) − E(Y⁽ᵗ⁻¹⁾)) / D: (N, T).
+    Scale-free, so neither text length nor the energy's form sets it (−1: the whole descent in one step)."""
+    return np.diff(c.energies, axis=1) / descent_scale(c, tol)[:, None]
+
+
 def spread_ratio(pooled: np.ndarray) -> float:
     """RMS distance of pooled vectors (N, d) from their mean over the norm of the mean."""
     mean = pooled.mean(axis=0)                                     # (d,)
@@ -245,6 +257,13 @@ def cross_terms(c: VariantCurves) -> tuple[np.ndarray, np.ndarray]:
     ffn_at_input = E[:, :-1] - c.attention_before                  # F(Y⁽ᵗ⁻¹⁾) = E − A
     attention_at_output = E[:, 1:] - c.ffn_after                   # A(Y⁽ᵗ⁾) = E − F
     return c.ffn_before - ffn_at_input, attention_at_output - c.attention_after
+
+
+def _length_correlation(values: np.ndarray, lengths: np.ndarray) -> float | None:
+    """Pearson correlation of per-sample values with text length (None when either is constant)."""
+    if np.ptp(values) == 0 or np.ptp(lengths) == 0:
+        return None
+    return float(np.corrcoef(values, lengths)[0, 1])
 
 
 def curve_summary(c: VariantCurves, tol: float) -> dict:
@@ -274,6 +293,8 @@ def curve_summary(c: VariantCurves, tol: float) -> dict:
         "whisker_shift": lowest_whisker(E),
         "median_energy_per_token": np.median(tok, axis=0).tolist(),
         "median_change_per_token": np.median(change, axis=0).tolist(),
+        "median_change_share": np.median(change_share(c, tol), axis=0).tolist(),
+        "length_correlation_per_token": _length_correlation(tok[:, -1], c.lengths),
         "median_own_changes_per_token": {
             "attention_step_on_attention_term": np.median((c.attention_after - c.attention_before)
                                                           / c.lengths[:, None], axis=0).tolist(),

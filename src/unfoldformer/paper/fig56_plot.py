@@ -6,10 +6,15 @@ the certified-tied model) and the released formulas (E_rel). Each variant is a c
 - top: per-token energies E(Y⁽ᵗ⁾)/n shifted by the lowest lower whisker (the paper's box plots,
   1.5·IQR whiskers, points beyond them counted in the panel, not drawn), the median of each box
   (orange) and the mean (red);
-- bottom: the per-layer change (E(Y⁽ᵗ⁾) − E(Y⁽ᵗ⁻¹⁾))/n on a symmetric log scale, so a change of 1e-6
-  at layer 12 is as visible as one of 1e2 at layer 1; the shaded band is the float32 round-off
-  allowance within which a change does not count as a rise; rising steps (beyond it) are red dots
-  and counted in the panel.
+- bottom: each layer's change as a share of the sample's total descent D = E(Y⁽⁰⁾) − min_t E(Y⁽ᵗ⁾)
+  (`change_share`: free of text length and of the energy's scale) on a symmetric log scale, so a
+  share of 1e-6 at layer 12 is as visible as one of 0.9 at layer 1; the shaded band is the float32
+  round-off allowance within which a change does not count as a rise; rising steps (beyond it) are
+  red dots and counted in the panel.
+
+Per-token energies still grow with length for the `paper` energy (its attention term sums over
+token pairs: about −n/2 per token once the tokens have merged); the summary records that
+correlation (`length_correlation_per_token`), and the bottom row does not depend on it.
 
 A caption names the embeddings, the data, the truncation and the sample count.
 """
@@ -19,7 +24,14 @@ import numpy as np
 
 from ..descent import lowered
 from ..plots import box_stats, lowest_whisker, pyplot, save_figure
-from .fig56_energy_curves import CurvesResult, VariantCurves, beyond_whiskers, per_token
+from .fig56_energy_curves import (
+    CurvesResult,
+    VariantCurves,
+    beyond_whiskers,
+    change_share,
+    descent_scale,
+    per_token,
+)
 
 __all__ = ["GROUPS", "plot"]
 
@@ -63,20 +75,20 @@ def _linthresh(change: np.ndarray) -> float:
 
 
 def _change_panel(ax, c: VariantCurves, tol: float) -> None:
-    tok = per_token(c)                                             # (N, T+1)
-    change = np.diff(tok, axis=1)                                  # (N, T)
+    share = change_share(c, tol)                                   # (N, T)
     rises = ~lowered(c.energies[:, :-1], c.energies[:, 1:], tol)  # (N, T)
-    pos = np.arange(1, tok.shape[1])
-    allowance = np.median(tol * (1 + np.abs(c.energies[:, :-1])) / c.lengths[:, None], axis=0)   # (T,) per token
-    ax.fill_between(np.r_[pos[0] - 0.5, pos, pos[-1] + 0.5], -np.r_[allowance[0], allowance, allowance[-1]],
-                    np.r_[allowance[0], allowance, allowance[-1]], step="mid", color=_BAND, lw=0, zorder=0)
+    pos = np.arange(1, share.shape[1] + 1)
+    allowance = np.median(tol * (1 + np.abs(c.energies[:, :-1])) / descent_scale(c, tol)[:, None], axis=0)  # (T,)
+    edges = np.r_[pos[0] - 0.5, pos, pos[-1] + 0.5]
+    band = np.r_[allowance[0], allowance, allowance[-1]]
+    ax.fill_between(edges, -band, band, step="mid", color=_BAND, lw=0, zorder=0)
     ax.axhline(0.0, color="0.5", lw=0.8)
-    ax.bxp([box_stats(change[:, t - 1]) for t in pos], positions=pos, showfliers=False, widths=0.6,
+    ax.bxp([box_stats(share[:, t - 1]) for t in pos], positions=pos, showfliers=False, widths=0.6,
            medianprops={"color": _MEDIAN, "lw": 1.5})
     rows, cols = np.nonzero(rises)
     if rows.size:
-        ax.plot(pos[cols], change[rows, cols], ".", color=_RISE, ms=3)
-    ax.set_yscale("symlog", linthresh=_linthresh(change))
+        ax.plot(pos[cols], share[rows, cols], ".", color=_RISE, ms=3)
+    ax.set_yscale("symlog", linthresh=_linthresh(share))
     ax.text(0.98, 0.04, f"rising steps: {int(rises.sum())} of {rises.size}", transform=ax.transAxes,
             ha="right", va="bottom", fontsize=7, color=_RISE if rises.any() else "0.2",
             bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1})
@@ -95,7 +107,7 @@ def _legend(ax) -> None:
                Line2D([], [], color=_MEAN, marker="o", ms=3, lw=1.0, label="mean (top row)"),
                Line2D([], [], color=_RISE, marker=".", ls="", ms=6, label="a rising step (bottom row)"),
                Line2D([], [], color="0.5", lw=0.8, label="no change (bottom row)"),
-               Patch(fc=_BAND, ec="none", label="round-off allowance of a step: ±1e-6·(1 + |E|)/n,\n"
+               Patch(fc=_BAND, ec="none", label="round-off allowance of a step: ±1e-6·(1 + |E|)/D,\n"
                                                 "median over the samples (bottom row)")]
     ax.legend(handles=handles, loc="center", fontsize=8, frameon=False)
 
@@ -122,7 +134,8 @@ def plot(result: CurvesResult, path, title: str, caption: str) -> None:
             axes[1, j].axis("off")
             free = free or axes[0, j]
         axes[0, 0].set_ylabel("E(Y$^{(t)}$)/n − lowest whisker", fontsize=8)
-        axes[1, 0].set_ylabel("(E(Y$^{(t)}$) − E(Y$^{(t-1)}$))/n", fontsize=8)
+        axes[1, 0].set_ylabel("(E(Y$^{(t)}$) − E(Y$^{(t-1)}$)) / D\nD = E(Y$^{(0)}$) − min$_t$ E(Y$^{(t)}$)",
+                              fontsize=8)
         sub.suptitle(name, fontsize=10, fontweight="bold")
     _legend(free if free is not None else subfigs[0].axes[0].inset_axes([0, 0, 0.01, 0.01]))
     fig.suptitle(title, fontsize=12)

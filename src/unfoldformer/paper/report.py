@@ -182,10 +182,15 @@ def _curve_rows(s: dict) -> list[list[str]]:
             acc += f" (before re-normalising: {_pct(c['accuracy_as_trained'])})"
         rows.append([f"`{key}`", c["label"], str(c["d_model"]), _pct(c["share_monotone"]),
                      _pct(c["share_layer_steps_lowering"]), _pct(c["share_attention_steps_lowering"]),
-                     _pct(c["share_ffn_steps_lowering"]), f"{c['median_change_per_token'][0]:.3g}",
-                     f"{c['median_change_per_token'][-1]:.3g}", _pct(c["share_backtracked_layer_steps"]),
+                     _pct(c["share_ffn_steps_lowering"]), f"{c['median_change_share'][0]:.3g}",
+                     f"{c['median_change_share'][-1]:.2g}", _pct(c["share_backtracked_layer_steps"]),
                      f"{c['pooled_spread_ratio']:.3g}", acc, _pct(c["sample_accuracy"])])
     return rows
+
+
+def _corr(s: dict, key: str) -> str:
+    c = s["curves"].get(key, {}).get("length_correlation_per_token")
+    return "–" if c is None else f"{c:+.2f}"
 
 
 def _curve_section(s: dict) -> list[tuple]:
@@ -200,6 +205,11 @@ def _curve_section(s: dict) -> list[tuple]:
         f"each recipe's training truncation; the majority class makes up {_pct(s['majority_rate'])} of them.",
         f"A step lowers its energy when E_after ≤ E_before + tol·(1 + |E_before|), tol = {s['tolerance']:g}; a "
         "curve never rises when none of its layer steps rises.",
+        "ΔE/D: a layer's change of the energy as a share of the sample's total descent D = E(Y⁽⁰⁾) − min_t "
+        "E(Y⁽ᵗ⁾) (the bottom row of the figure; free of text length). The top row's per-token energies E/n still "
+        "grow with length for the `paper` energy, whose attention term sums over token pairs (about −n/2 per "
+        "token once tokens merge): correlation of E(Y⁽ᵀ⁾)/n with n, random init without ReLU: "
+        f"{_corr(s, 'paper/random')}.",
         "Pooled spread: RMS distance of the mean-pooled outputs Y⁽ᵀ⁾ from their mean over the samples, divided by "
         f"the norm of that mean (inputs X: {s['inputs_pooled_spread_ratio']:.3g}); near 0 the output hardly "
         "depends on the input, and a linear head cannot do better than the majority class.",
@@ -207,7 +217,7 @@ def _curve_section(s: dict) -> list[tuple]:
         + " (open one with `unfoldformer.load(folder)`).",
     ]
     head = ["variant", "label", "d_model", "curves never rise", "layer steps lowering E", "attention sub-steps",
-            "FFN sub-steps", "median ΔE/n, layer 1", "median ΔE/n, last layer", "backtracked layer steps",
+            "FFN sub-steps", "median ΔE/D, layer 1", "median ΔE/D, last layer", "backtracked layer steps",
             "pooled spread", "accuracy", "accuracy on the figure's samples"]
     return [("h", 3, f"Figure {fig}: {DATASET_NAMES[name]}"), ("img", f"figure {fig}", FIGURE_FILES[fig]),
             ("ul", method), ("table", head, _curve_rows(s))]

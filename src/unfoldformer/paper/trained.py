@@ -32,7 +32,8 @@ from ..train import TrainConfig, load_classifier, train
 from ..train.build import load_split
 from ..train.evaluate import evaluate
 
-MONITOR_EXAMPLES = 200        # evaluation examples of the in-training evaluation (a progress signal only)
+#: Examples of the in-training evaluation when accuracy is measured afterwards at another truncation.
+MONITOR_EXAMPLES = 200
 
 __all__ = ["RecipeSpec", "TrainedVariant", "load_trained", "recipes", "train_config", "train_variant"]
 
@@ -92,7 +93,8 @@ def train_config(spec: RecipeSpec, dataset: str, run_dir: Path, *, embeddings: s
         optim__weight_decay=spec.weight_decay, optim__grad_clip=spec.grad_clip,
         optim__min_lr_ratio=1.0 if spec.optimizer == "sgd" else 0.0, optim__seed=seed,
         run__out_dir=str(run_dir), run__checkpoint_every=0, run__threads=threads, run__progress=False,
-        run__overwrite=True, run__eval_batch_size=64, run__eval_examples=MONITOR_EXAMPLES)
+        run__overwrite=True, run__eval_batch_size=64,
+        run__eval_examples=None if spec.eval_length == spec.max_length else MONITOR_EXAMPLES)
     cfg.validate()
     return cfg
 
@@ -119,13 +121,17 @@ def train_variant(spec: RecipeSpec, cfg: TrainConfig) -> TrainedVariant:
     """Train `cfg` (a fresh run in `cfg.run.out_dir`), load its final weights, measure accuracy at
     `spec.eval_length` (the released model before and after `released_normalize_()`)."""
     summary = train(cfg)
-    run_dir = Path(cfg.run.out_dir)
+    run_dir, final = Path(cfg.run.out_dir), summary["final"]
+    at_training_length = cfg.run.eval_examples is None              # the in-training evaluation measured it
     as_trained = None
+    if at_training_length:
+        accuracy, n = final["eval_accuracy"], final["eval_n"]
+    else:
+        accuracy, n = _accuracy(load_classifier(run_dir / "last.safetensors"), cfg, spec.eval_length)
     if spec.kind == "paper-as-released":
-        as_trained, _ = _accuracy(load_classifier(run_dir / "last.safetensors"), cfg, spec.eval_length)
-    accuracy, n = _accuracy(load_trained(spec, run_dir), cfg, spec.eval_length)
+        as_trained = accuracy
+        accuracy, n = _accuracy(load_trained(spec, run_dir), cfg, spec.eval_length)
     resolved = json.loads((run_dir / "config.json").read_text())["resolved"]
-    final = summary["final"]
     training = {"steps": summary["steps"], "train_examples": resolved["train_examples"], "accuracy_examples": n,
                 "accuracy_max_length": spec.eval_length, "train_max_length": spec.max_length,
                 "parameters": resolved["parameters"], "final_train_loss": final["train_loss"]}
