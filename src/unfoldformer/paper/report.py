@@ -150,11 +150,15 @@ def _released_explanation(results: dict) -> list[str]:
         own, cross = c.get("median_own_changes_per_token"), c.get("median_cross_changes_per_token")
         if layers and own and cross:
             i = layers[0] - 1
+            a_own, f_own = own["attention_step_on_attention_term"][i], own["ffn_step_on_ffn_term"][i]
+            a_on_f, f_on_a = cross["attention_step_on_ffn_term"][i], cross["ffn_step_on_attention_term"][i]
             text += (f" Measured at layer {layers[0]} (medians per token): the attention step changes its term by "
-                     f"{own['attention_step_on_attention_term'][i]:.3g} and the FFN term by "
-                     f"{cross['attention_step_on_ffn_term'][i]:+.3g}; the FFN step changes its term by "
-                     f"{own['ffn_step_on_ffn_term'][i]:.3g} and the attention term by "
-                     f"{cross['ffn_step_on_attention_term'][i]:+.3g}.")
+                     f"{a_own:.3g} and the FFN term by {a_on_f:+.3g}; the FFN step changes its term by {f_own:.3g} "
+                     f"and the attention term by {f_on_a:+.3g}.")
+            worst = max((f_on_a, "the FFN step's rise of the attention term (which holds ½‖YW‖²)"),
+                        (a_on_f, "the attention step's rise of the FFN term"))
+            if worst[0] > -(a_own + f_own):
+                text += f" So {worst[1]} outweighs what both sub-steps lower their own terms by."
         out.append(text + " The corrected `paper` formulas use one metric for both, and their curves never rise.")
     return out
 
