@@ -120,6 +120,24 @@ def test_paper_run_monotone_then_sawtooth(alt):
     assert alt.gap[-1] < 1e-2 * alt.gap[0]
 
 
+def test_figure3_plots_the_papers_quantity_with_200_half_steps(alt):
+    """Figure 3 is log h − log h_min over 200 half-steps in every mode; its rises are those of h."""
+    from unfoldformer.paper.settings import ReproduceSettings
+    assert ReproduceSettings.create().half_steps == ReproduceSettings.create(quick=True).half_steps == 200
+    assert len(alt.h) == 201 and alt.kind[1] == 1 and alt.kind[2] == 2
+    np.testing.assert_array_equal(alt.log_ratio, np.log(alt.h) - np.log(alt.h_min))
+    assert np.all(alt.log_ratio > 0)                                 # h > h_min: the 2-cycle never reaches it
+    plotted_rises = np.flatnonzero(np.diff(alt.log_ratio) > 0) + 1
+    np.testing.assert_array_equal(plotted_rises, alt.rises)
+    # the count: no rise before the first, then only after g-steps, and every g-step of the late 2-cycle
+    s = fig23.summary(alt)
+    first, late_g = s["first_rise"], np.arange(len(alt.h) // 2, len(alt.h))[alt.kind[len(alt.h) // 2:] == 2]
+    assert s["n_rises"] == len(alt.rises) == s["n_rises_after_g_step"]
+    assert set(late_g) <= set(alt.rises)
+    assert len(late_g) <= s["n_rises"] <= (200 - first) // 2 + 1
+    assert alt.log_ratio[-1] == pytest.approx(s["final_log_ratio"], rel=0)
+
+
 def test_pca_projection_is_consistent(alt):
     assert alt.pca_traj.shape == (len(alt.h), 2) and alt.pca_min.shape == (3, 2)
     assert np.all(alt.pca_var > 0) and alt.pca_var.sum() <= 1 + 1e-12
@@ -184,6 +202,47 @@ def test_kappa_energy_is_f1_and_minimiser_is_fixed_point(kap):
     np.testing.assert_allclose(x_next, kap.x_star, atol=1e-12)
 
 
+@pytest.fixture(scope="module")
+def authors():
+    return fig4.compute_authors(seed=0)
+
+
+def test_figure4_uses_the_authors_setup(authors):
+    """h = ½ xᵀWx + ½‖x‖² − bᵀx, W = GGᵀ, α = 0.25, grid [−5, 5]² at spacing 0.02, κ = 0.2 … 0.8."""
+    assert authors.setting == "authors" and authors.alpha == 0.25
+    np.testing.assert_allclose(authors.kappas, [0.2, 0.4, 0.6, 0.8])
+    assert authors.xs.size == 501 and authors.xs[0] == -5.0
+    np.testing.assert_allclose(np.diff(authors.xs), 0.02, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(authors.xs[-1], 5.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(authors.H, authors.W + np.eye(2), rtol=0, atol=1e-15)
+    assert np.linalg.eigvalsh(authors.W)[0] >= -1e-12                # W = G Gᵀ is PSD
+    assert (authors.xs < 0).any()                                    # x is not restricted to x ≥ 0
+    np.testing.assert_allclose(authors.H @ authors.x_star, authors.b, atol=1e-12)
+
+
+def test_figure4_area_fractions_match_an_independent_estimate(authors):
+    """Nested regions; each grid area fraction agrees with a Monte Carlo estimate of the same set
+    (uniform points in [−5, 5]², Div from its definition) within sampling and grid error."""
+    fr = authors.area_fraction
+    assert np.all(np.diff(fr) >= 0) and 0 < fr[0] < 1
+    for small, big in zip(authors.masks[:-1], authors.masks[1:]):
+        assert np.all(big[small])
+    rng = np.random.default_rng(1)
+    n = 40_000
+    x = rng.uniform(-5, 5, (n, 2))                                   # (n, 2)
+    xi = authors.alpha * (x @ authors.H - authors.b)                 # (n, 2): α ∇h(x), H symmetric
+    div = np.minimum(0, x**2 - xi**2).sum(1) / (xi**2).sum(1)       # (n,)
+    for kappa, grid_fraction in zip(authors.kappas, fr):
+        mc = float(np.mean(div >= -kappa))
+        sigma = np.sqrt(max(mc * (1 - mc), 1 / n) / n)
+        boundary = np.mean(np.abs(authors.div + kappa) < 0.02)        # share of grid points near the boundary
+        assert abs(mc - grid_fraction) <= 5 * sigma + boundary, (kappa, mc, grid_fraction)
+    # and the comparison can fail: the same estimate with another step size (α = 1) disagrees
+    xi1 = x @ authors.H - authors.b                                  # (n, 2)
+    div1 = np.minimum(0, x**2 - xi1**2).sum(1) / (xi1**2).sum(1)     # (n,)
+    assert abs(float(np.mean(div1 >= -0.2)) - fr[0]) > 0.01
+
+
 def test_divergence_by_hand():
     x, xi = np.array([0.1, 2.0]), np.array([0.3, -1.0])
     assert fig4.divergence(x, xi) == pytest.approx((0.01 - 0.09) / 1.09)
@@ -202,17 +261,17 @@ def test_kappa_descent_inequality_holds():
 # Plots, summaries, determinism
 # ---------------------------------------------------------------------------
 
-def test_plots_write_pngs(tmp_path, apo, alt, kap):
+def test_plots_write_pngs(tmp_path, apo, alt, kap, authors):
     fig1.plot(apo, tmp_path / "fig1.png")
     fig23.plot(alt, tmp_path / "fig2.png", tmp_path / "fig3.png")
-    fig4.plot(kap, tmp_path / "fig4.png")
+    fig4.plot(authors, tmp_path / "fig4.png", variant=kap)
     for name in ("fig1.png", "fig2.png", "fig3.png", "fig4.png"):
         data = (tmp_path / name).read_bytes()
         assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_summaries_are_json(apo, alt, kap):
-    for mod, res in ((fig1, apo), (fig23, alt), (fig4, kap)):
+def test_summaries_are_json(apo, alt, kap, authors):
+    for mod, res in ((fig1, apo), (fig23, alt), (fig4, kap), (fig4, authors)):
         s = mod.summary(res)
         assert json.loads(json.dumps(s)) == s
     s = fig23.summary(alt)
@@ -230,4 +289,5 @@ def test_same_seed_same_result():
     _same(fig23.compute(seed=4, n=40, d=12, half_steps=30),
           fig23.compute(seed=4, n=40, d=12, half_steps=30))
     _same(fig4.compute(seed=4, grid=51), fig4.compute(seed=4, grid=51))
+    _same(fig4.compute_authors(seed=4, spacing=0.1), fig4.compute_authors(seed=4, spacing=0.1))
     assert not np.array_equal(fig1.compute(seed=5, grid=51).y_f, fig1.compute(seed=4, grid=51).y_f)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY_TRAIN as TINY
-from conftest import close_tol
+from conftest import assert_close, close_tol
 from unfoldformer import cli
 from unfoldformer.data.batching import BucketBatchSampler, TokenizedDataset, eval_batches, shard
 from unfoldformer.train import KINDS, CheckpointError, ConfigError, TrainConfig, evaluate_checkpoint, train
@@ -34,6 +34,8 @@ def _one_thread():
 def tiny_config(data_dir: Path, out_dir: Path, *extra: str) -> TrainConfig:
     cfg = TrainConfig().with_overrides(TINY + ["--data.data_dir", str(data_dir), "--run.out_dir", str(out_dir),
                                                *extra])
+    if cfg.model.kind == "paper-as-released":
+        return cfg.replace(model__n_heads=1)                       # one head, no hidden width
     return cfg if cfg.model.kind == "paper" else cfg.replace(model__ffn_hidden=32)
 
 
@@ -333,3 +335,73 @@ def test_ddp_two_cpu_processes_match_single_process(sst2_dir, tmp_path):
         U = model.encoder.layers[0].attention.subspaces()        # (H, d, dh)
         projectors.append(U @ U.transpose(1, 2))
     torch.testing.assert_close(projectors[0], projectors[1], rtol=0, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- optimiser, loss reduction, input map
+@pytest.mark.parametrize("args, message", [
+    (["--optim.optimizer", "adam"], "unknown optim.optimizer 'adam'; valid: adamw, sgd"),
+    (["--optim.loss_reduction", "max"], "unknown optim.loss_reduction 'max'; valid: mean, sum"),
+    (["--model.input_map", "false", "--model.d_model", "8", "--model.n_heads", "1"],
+     r"model.input_map=false needs model.d_model equal to the embedding width \(random: 16\), got d_model=8"),
+])
+def test_bad_recipe_settings_fail_before_training(sst2_dir, tmp_path, args, message):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message):
+        train(tiny_config(sst2_dir, out, *args))
+    assert not out.exists()
+
+
+def test_input_map_width_check_knows_minilm_without_reading_it():
+    cfg = TrainConfig().replace(model__kind="paper", model__input_map=False)
+    with pytest.raises(ConfigError, match=r"\(minilm: 384\), got d_model=300"):
+        cfg.validate(check_data=False)
+    cfg.replace(model__d_model=384).validate(check_data=False)    # equal widths: accepted
+
+
+def _first_step_expected(cfg: TrainConfig):
+    """The trainer's initial weights and the gradient of the summed cross-entropy over its one batch."""
+    from unfoldformer.train.build import _seed_all, load_embeddings_for, load_split
+    emb = load_embeddings_for(cfg)
+    ds = load_split(cfg, emb, "train", cfg.data.max_train_examples)
+    _seed_all(cfg.optim.seed)
+    model = build_classifier(cfg, emb)
+    ids, mask, labels = ds.collate(list(range(len(ds))), cfg.data.max_length, emb.pad_id)
+    F.cross_entropy(model(ids, mask)[0], labels, reduction="sum").backward()
+    return {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}, \
+        {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}, len(ds)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_plain_sgd_step_follows_the_loss_reduction(reduction, sst2_dir, tmp_path):
+    """One SGD step on one batch of B examples: w − lr·∇Σ CE (sum) or w − lr·∇Σ CE / B (mean)."""
+    lr = 0.05
+    cfg = tiny_config(sst2_dir, tmp_path, "--optim.optimizer", "sgd", "--optim.loss_reduction", reduction,
+                      "--optim.lr", str(lr), "--optim.warmup", "0", "--optim.min_lr_ratio", "1",
+                      "--optim.weight_decay", "0", "--optim.grad_clip", "null", "--model.input_map", "false",
+                      "--data.max_train_examples", "16", "--optim.batch_size", "16", "--optim.epochs", "1",
+                      "--run.eval_examples", "8")
+    assert cfg.model.input_map is False
+    before, grads, B = _first_step_expected(cfg)
+    summary = train(cfg)
+    assert summary["steps"] == 1
+    state, _, _ = load_weights(tmp_path / "last.safetensors")
+    assert "project.weight" not in state                          # no input map: embeddings go straight in
+    scale = lr if reduction == "sum" else lr / B
+    for name, w0 in before.items():
+        expected = w0 - scale * grads[name]
+        assert not torch.equal(state[name], w0) or not grads[name].any(), name
+        assert_close(state[name], expected, scale=float(w0.abs().max() + scale * B * grads[name].abs().max()))
+
+
+def test_released_kind_trains_and_loads_its_own_weights(sst2_dir, tmp_path):
+    from unfoldformer.released import ReleasedFFN
+    from unfoldformer.train import load_classifier
+    cfg = tiny_config(sst2_dir, tmp_path, "--model.kind", "paper-as-released", "--data.max_train_examples", "32",
+                      "--optim.epochs", "1", "--run.eval_examples", "8")
+    train(cfg)
+    loaded = load_classifier(tmp_path / "last.safetensors")
+    assert isinstance(loaded.model.encoder.layers[0].ffn, ReleasedFFN)
+    saved, _, _ = load_weights(tmp_path / "last.safetensors")
+    for name, value in loaded.model.state_dict().items():
+        if name in saved:                                          # the init's normalisation is overwritten
+            assert torch.equal(value, saved[name]), name

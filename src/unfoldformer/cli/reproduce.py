@@ -1,4 +1,4 @@
-"""`unfoldformer reproduce`: the paper's figures 1–6, `report.md` and `results.json` (THEORY §7).
+"""`unfoldformer reproduce`: the paper's figures 1–6, `report.md`, `report.html` and `results.json` (THEORY §7).
 
 Settings: `paper.settings.ReproduceSettings` (mode defaults of `--quick` or the full run,
 overridden by the options given). Missing data or bad options: one line, exit status 2.
@@ -6,6 +6,7 @@ overridden by the options given). Missing data or bad options: one line, exit st
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -19,12 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"))
     parser.add_argument("--data-dir", type=Path, default=None)
-    parser.add_argument("--quick", action="store_true", help="small, fast settings (< 2 minutes)")
-    parser.add_argument("--train-examples", type=int, default=None, help="training examples (2000; quick 200)")
-    parser.add_argument("--train-epochs", type=int, default=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="small, fast settings (< 2 minutes; smaller trained models, labelled so)")
+    parser.add_argument("--train-examples", type=int, default=None,
+                        help="training examples of every trained variant (default: as released 2,000, "
+                             "the AdamW recipes all of SST-2 / IMDB train; quick: 200 / 8,000 / 4,000)")
+    parser.add_argument("--train-epochs", type=int, default=None, help="epochs of every trained variant (1)")
     parser.add_argument("--accuracy-samples", type=int, default=None,
-                        help="accuracy examples per data set (SST-2: all 872 dev; IMDB: 2000 test, quick 200)")
-    parser.add_argument("--threads", type=int, default=1, help="torch/BLAS threads (default 1)")
+                        help="accuracy examples per data set (SST-2: all 872 dev; IMDB: 2000 test; quick 200)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="cores to use: the trainings and curve sets run on this many worker processes of one "
+                             f"thread each (default: the machine's cores, {os.cpu_count()})")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
 

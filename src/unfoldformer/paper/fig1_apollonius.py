@@ -110,22 +110,29 @@ def summary(result: ApolloniusResult) -> dict:
 
 
 def plot(result: ApolloniusResult, path) -> None:
-    """One panel per C: region filled, Apollonius circle, y_f* and y_h* marked."""
+    """One panel per C: region filled, Apollonius circle and its centre, y_f* and y_h* marked."""
     plt = pyplot()
     from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
     r = result
     k = len(r.C)
-    fig, axes = plt.subplots(1, k, figsize=(4.2 * k, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, k, figsize=(4.4 * k, 4.6), squeeze=False)
     theta = np.linspace(0, 2 * np.pi, 400)  # (400,)
     for ax, c, centre, rad, mask in zip(axes[0], r.C, r.centres, r.radii, r.masks):
         ax.imshow(mask, origin="lower", extent=tuple(r.window), interpolation="nearest",
                   cmap=ListedColormap(["white", "#9ecae1"]), vmin=0, vmax=1)
         ax.plot(centre[0] + rad * np.cos(theta), centre[1] + rad * np.sin(theta), "k-", lw=1)
-        ax.plot(*r.y_f, "o", color="tab:red", label=r"$y_f^*$")
-        ax.plot(*r.y_h, "*", color="tab:green", ms=12, label=r"$y_h^*$")
-        ax.set_title(rf"$\|y-y_f^*\| / \|y-y_h^*\| \leq {c:g}$")
+        ax.plot(*centre, "+", color="k", ms=9, label="circle centre")
+        ax.plot(*r.y_f, "o", color="tab:red", mec="k", ms=8, label=r"$y_f^*=\arg\min f$")
+        ax.plot(*r.y_h, "*", color="tab:green", mec="k", ms=13, label=r"$y_h^*=\arg\min h$")
+        handles, _ = ax.get_legend_handles_labels()
+        handles.append(Patch(color="#9ecae1", label=rf"$R_C$, C = {c:g}"))
+        ax.set_title(rf"$R_C=\{{y: \|y-y_f^*\| \leq C\,\|y-y_h^*\|\}}$, $C={c:g}$", fontsize=10)
+        ax.set_xlabel("$y_1$")
+        ax.set_ylabel("$y_2$")
         ax.set_aspect("equal")
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.9)
+    fig.suptitle("Figure 1: Apollonius regions (shaded) for two random points in $\\mathbb{R}^2$", fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)

@@ -63,6 +63,7 @@ class AlternatingResult:
     h_min: float  # h(Y_h*)
     gap: np.ndarray  # (T+1,) h(Y_t) - h_min
     log_gap: np.ndarray  # (T+1,) log(h(Y_t) - h_min)
+    log_ratio: np.ndarray  # (T+1,) log h(Y_t) - log h_min (the paper's figure 3)
     rises: np.ndarray  # (r,) half-step indices t >= 1 with h[t] > h[t-1]
     dist_h: np.ndarray  # (T+1,) ||Y_t - Y_h*||_F
     L_f: float
@@ -175,7 +176,8 @@ def compute(seed: int = 0, n: int = 500, d: int = 128, lr: float = 0.05,
     pca_traj, pca_min, pca_var = _pca(traj, mins)
     return AlternatingResult(
         h=h, f=fs, g=gs, kind=kind, h_min=h_min, gap=gap,
-        log_gap=np.log(np.maximum(gap, np.finfo(float).tiny)), rises=rises, dist_h=dist_h,
+        log_gap=np.log(np.maximum(gap, np.finfo(float).tiny)), log_ratio=np.log(h) - np.log(h_min),
+        rises=rises, dist_h=dist_h,
         L_f=L_f, L_g=L_g, L_h=L_h, mu=mu, lr=lr,
         grad_h_star=float(np.linalg.norm(resid) / np.linalg.norm(p.B1 + p.B2)),
         pca_traj=pca_traj, pca_min=pca_min, pca_var=pca_var)
@@ -205,6 +207,7 @@ def summary(result: AlternatingResult) -> dict:
         "h_min": r.h_min,
         "final_gap": float(r.gap[-1]),
         "final_rel_gap": float(r.gap[-1] / abs(r.h_min)),
+        "final_log_ratio": float(r.log_ratio[-1]),
         "final_dist_to_Y_h": float(r.dist_h[-1]),
         "sylvester_rel_residual": r.grad_h_star,
         "pca_variance_explained": r.pca_var.tolist(),
@@ -287,29 +290,37 @@ def check_apollonius_claim(n_problems: int = 2000, points: int = 20, step_rule: 
 # Plotting
 # ---------------------------------------------------------------------------
 
+MINIMISER_STYLE = ((r"$Y_f^*=\arg\min f$", "s", "tab:orange"), (r"$Y_g^*=\arg\min g$", "^", "tab:purple"),
+                   (r"$Y_h^*=\arg\min h$", "*", "tab:red"))
+
+
 def _plot_fig2(r: AlternatingResult, path) -> None:
     plt = pyplot()
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    names, marks = [r"$Y_f^*$", r"$Y_g^*$", r"$Y_h^*$"], ["s", "^", "*"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     half = len(r.h) // 2
     for ax, start in zip(axes, (0, half)):
         pts, t = r.pca_traj[start:], np.arange(start, len(r.h))  # (m, 2), (m,)
         ax.plot(*pts.T, "-", color="0.6", lw=0.6)
         sc = ax.scatter(*pts.T, c=t, cmap="viridis", s=10, zorder=3, vmin=0, vmax=len(r.h) - 1)
-        for (x, y), nm, mk in zip(r.pca_min, names, marks):
-            ax.plot(x, y, mk, ms=11, color="tab:red", mec="k", label=nm, zorder=4)
-        ax.set_xlabel(f"PC1 ({100 * r.pca_var[0]:.1f}%)")
+        ax.plot(*r.pca_traj[0], "o", ms=10, mfc="none", mec="k", mew=1.8, zorder=5, label=r"start $Y_0$")
+        for (x, y), (name, marker, colour) in zip(r.pca_min, MINIMISER_STYLE):
+            ax.plot(x, y, marker, ms=12, color=colour, mec="k", label=name, zorder=4)
+        ax.set_xlabel(f"PC1 ({100 * r.pca_var[0]:.1f}% of the trajectory's variance)")
         ax.set_ylabel(f"PC2 ({100 * r.pca_var[1]:.1f}%)")
-    axes[0].set_title("alternating half-steps (2-d PCA)")
-    axes[0].legend(fontsize=8)
+    axes[0].set_title(f"Figure 2: alternating half-steps on f and g (lr {r.lr:g}), 2-d PCA", fontsize=10)
+    axes[0].legend(fontsize=8, loc="best")
     fig.colorbar(sc, ax=axes[1], label="half-step t")
     tail = np.vstack([r.pca_traj[half:], r.pca_min[2:]])  # (T/2+2, 2)
     lo, hi = tail.min(0), tail.max(0)  # (2,) each
     pad = 0.15 * np.maximum(hi - lo, 1e-12)  # (2,)
     axes[1].set_xlim(lo[0] - pad[0], hi[0] + pad[0])
     axes[1].set_ylim(lo[1] - pad[1], hi[1] + pad[1])
-    axes[1].set_title(r"zoom: half-steps $t \geq T/2$ around $Y_h^*$")
+    late = np.arange(len(r.h)) >= half  # (T+1,)
+    for kind, text in ((1, "after f-steps"), (2, "after g-steps")):
+        x, y = r.pca_traj[late & (r.kind == kind)].mean(axis=0)  # one end of the 2-cycle
+        axes[1].annotate(text, (x, y), xytext=(-10, -3), textcoords="offset points", fontsize=8, ha="right")
+    axes[1].set_title(rf"zoom: half-steps $t \geq {half}$ around $Y_h^*$ (a 2-cycle)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
 
@@ -318,14 +329,15 @@ def _plot_fig3(r: AlternatingResult, path) -> None:
     plt = pyplot()
 
     t = np.arange(len(r.h))  # (T+1,)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.plot(t, r.log_gap, "-", color="tab:blue", lw=1)
-    ax.plot(r.rises, r.log_gap[r.rises], "^", color="tab:red", ms=4,
-            label=f"h rises ({len(r.rises)})")
-    ax.set_xlabel("half-step t")
-    ax.set_ylabel(r"$\log(h(Y_t) - h_{\min})$")
-    ax.set_title(f"lr = {r.lr:g}, 2/L_g = {2 / r.L_g:.4f}")
-    ax.legend()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(t, r.log_ratio, "-", color="tab:blue", lw=1, label=r"$\log h(Y_t) - \log h_{\min}$")
+    ax.plot(r.rises, r.log_ratio[r.rises], "^", color="tab:red", ms=4,
+            label=f"half-steps where h rises ({len(r.rises)} of {len(r.h) - 1})")
+    ax.set_yscale("log")
+    ax.set_xlabel("half-step t (odd: step on f, even: step on g)")
+    ax.set_ylabel(r"$\log h(Y_t) - \log h_{\min}$ (log scale)")
+    ax.set_title(f"Figure 3: alternating half-steps, lr {r.lr:g} (2/L_g = {2 / r.L_g:.4f})", fontsize=10)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -14,14 +15,19 @@ FIGURE_FILES = {1: "fig1_apollonius.png", 2: "fig2_alternating_pca.png", 3: "fig
 FIGURE_DATASET = {5: "imdb", 6: "sst2"}
 DATASET_FIGURE = {"imdb": 5, "sst2": 6}
 
-#: Defaults of the full and the quick run; explicit settings override them.
+#: Defaults of the full and the quick run; explicit settings override them. `imdb_max_length`: IMDB
+#: truncation of the energy curves; `released_examples`: training examples of the paper's SGD recipe;
+#: `<data set>_train_examples` / `_train_length`: the AdamW recipes (None: the whole train split);
+#: `<data set>_accuracy_samples`: accuracy examples (None: the whole evaluation split).
 MODES = {
-    "full": dict(samples=200, imdb_max_length=None, train_examples=2000, train_max_length=32,
-                 train_batch_size=16, train_epochs=1, imdb_accuracy_samples=2000, sst2_accuracy_samples=None,
-                 grid=401, half_steps=200),
-    "quick": dict(samples=32, imdb_max_length=128, train_examples=200, train_max_length=32,
-                  train_batch_size=16, train_epochs=1, imdb_accuracy_samples=200, sst2_accuracy_samples=200,
-                  grid=201, half_steps=100),
+    "full": dict(samples=200, imdb_max_length=512, released_examples=2000, sst2_train_examples=None,
+                 imdb_train_examples=None, sst2_train_length=64, imdb_train_length=64, trained_width=64,
+                 trained_batch_size=64, imdb_accuracy_samples=2000, sst2_accuracy_samples=None, grid=401,
+                 half_steps=200),
+    "quick": dict(samples=32, imdb_max_length=128, released_examples=200, sst2_train_examples=8000,
+                  imdb_train_examples=8000, sst2_train_length=64, imdb_train_length=32, trained_width=32,
+                  trained_batch_size=16, imdb_accuracy_samples=200, sst2_accuracy_samples=200, grid=201,
+                  half_steps=200),
 }
 
 RELEASED_DEFECTS = [
@@ -67,10 +73,14 @@ class ReproduceSettings:
     datasets: list[str] = field(default_factory=lambda: ["imdb", "sst2"])
     mode: str = "full"
     samples: int = 200
-    imdb_max_length: int | None = None
-    train_examples: int = 2000
-    train_max_length: int | None = 32
-    train_batch_size: int = 16
+    imdb_max_length: int | None = 512
+    released_examples: int = 2000
+    sst2_train_examples: int | None = None
+    imdb_train_examples: int | None = None
+    sst2_train_length: int = 64
+    imdb_train_length: int = 64
+    trained_width: int = 64
+    trained_batch_size: int = 64
     train_epochs: int = 1
     imdb_accuracy_samples: int | None = 2000
     sst2_accuracy_samples: int | None = None
@@ -80,7 +90,7 @@ class ReproduceSettings:
     seed: int = 0
     out: str = "runs/reproduce"
     data_dir: str | None = None
-    threads: int = 1
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     progress: bool = True
 
     @classmethod
@@ -88,17 +98,18 @@ class ReproduceSettings:
                **options) -> ReproduceSettings:
         """Mode defaults (`MODES`), overridden by the options that are not None; ConfigError on bad values.
 
-        `accuracy_samples` sets both data sets' accuracy sample counts."""
+        `accuracy_samples` sets both data sets' accuracy sample counts; `train_examples` the training
+        examples of every trained variant (the SGD recipe and both data sets' AdamW recipes)."""
         numbers = parse_figures(figures)
         values = dict(MODES["quick" if quick else "full"])
-        accuracy = options.pop("accuracy_samples", None)
-        for key in ("samples", "train_examples", "train_epochs", "threads"):
+        for key in ("samples", "train_examples", "train_epochs", "threads", "accuracy_samples"):
             if options.get(key) is not None and options[key] < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {options[key]}")
+        accuracy, train = options.pop("accuracy_samples", None), options.pop("train_examples", None)
         if accuracy is not None:
-            if accuracy < 1:
-                raise ConfigError(f"--accuracy-samples must be >= 1, got {accuracy}")
             values["imdb_accuracy_samples"] = values["sst2_accuracy_samples"] = accuracy
+        if train is not None:
+            values.update(released_examples=train, sst2_train_examples=train, imdb_train_examples=train)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(options) - known
         if unknown:

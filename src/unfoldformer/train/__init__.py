@@ -3,9 +3,10 @@
 - `TrainConfig` (`config`): typed sections `model` (the encoder's `ModelConfig` plus `kind`),
   `data`, `optim`, `run`, loaded from JSON/YAML with dotted overrides (`--model.depth 12`) and
   `validate()`, which fails with a clear `ConfigError` *before any training*.
-- `train(cfg, resume=False)` (`loop`): AdamW, linear warm-up + cosine decay, length-bucketed batches,
-  evaluation each epoch, metrics JSONL/CSV, best weights as safetensors; atomic, resumable
-  checkpoints (`checkpoint`; bitwise-identical final weights on CPU); DDP under `torchrun`.
+- `train(cfg, resume=False)` (`loop`): AdamW or plain SGD (mean or summed loss), linear warm-up +
+  cosine decay, length-bucketed batches, evaluation each epoch, metrics JSONL/CSV, best weights as
+  safetensors; atomic, resumable checkpoints (`checkpoint`; bitwise-identical final weights on
+  CPU); DDP under `torchrun`.
 - `evaluate_checkpoint(path, ...)` (`evaluate`): accuracy and energy-curve statistics of saved weights.
 - `load_classifier(path)` (`checkpoint`): a trained classifier with its embeddings, for inference
   (`unfoldformer.load` wraps it in a `Predictor`).

@@ -11,17 +11,22 @@ from torch import nn
 
 from ..classifier import SequenceClassifier, build_encoder
 from ..data.batching import TokenizedDataset, seeded_subset, tokenize_dataset
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 
 __all__ = ["build_classifier", "load_embeddings_for", "load_split", "lr_factor", "make_optimizer", "warmup_steps"]
 
 
 def build_classifier(cfg: TrainConfig, embeddings) -> SequenceClassifier:
     """The classifier of `cfg.model.kind` over `embeddings.table` (V, e): frozen (or trainable)
-    table → one linear map e → d_model → encoder → masked mean pooling → linear head."""
+    table → a trainable linear map e → d_model (`model.input_map`; without it e must equal
+    d_model) → encoder → masked mean pooling → linear head."""
     mcfg = cfg.model_config()
+    width = embeddings.table.shape[1]
+    if not cfg.model.input_map and width != mcfg.d_model:
+        raise ConfigError(f"model.input_map=false needs model.d_model equal to the embedding width "
+                          f"({cfg.data.embeddings}: {width}), got d_model={mcfg.d_model}")
     return SequenceClassifier(build_encoder(mcfg), embeddings.table, mcfg.d_model, cfg.model.n_classes,
-                              trainable_embeddings=cfg.model.trainable_embeddings, project=True,
+                              trainable_embeddings=cfg.model.trainable_embeddings, project=cfg.model.input_map,
                               pad_id=embeddings.pad_id)
 
 
@@ -60,9 +65,9 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on weight matrices only (not on biases, scales, norms, the embedding
-    table or the orthogonal-basis parametrisations)."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW or plain SGD (`optim.optimizer`); weight decay on weight matrices only (not on biases,
+    scales, norms, the embedding table or the orthogonal-basis parametrisations)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -70,6 +75,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         plain = p.ndim >= 2 and "parametrizations" not in name and not name.startswith("embedding.")
         (decay if plain else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.optim.lr)
     return torch.optim.AdamW(groups, lr=cfg.optim.lr)
 
 

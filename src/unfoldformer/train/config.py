@@ -33,7 +33,12 @@ __all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection",
 
 #: model.kind -> (preset, tied)
 KIND_PRESETS = {"certified-tied": ("certified", True), "certified-untied": ("certified", False),
-                "paper": ("paper", None), "standard": ("standard", None)}
+                "paper": ("paper", None), "paper-as-released": ("paper-as-released", None),
+                "standard": ("standard", None)}
+OPTIMIZERS = ("adamw", "sgd")
+LOSS_REDUCTIONS = ("mean", "sum")
+#: Embedding widths known before the table is read (glove: from its file).
+MINILM_WIDTH = 384
 KINDS = tuple(KIND_PRESETS)
 
 
@@ -42,8 +47,9 @@ class ModelSection(ModelConfig):
     """The `model` section: `kind` picks the encoder's preset; the `ModelConfig` fields override it."""
 
     preset_name: str | None = None             # set by kind
-    kind: str = "certified-tied"               # certified-tied | certified-untied | paper | standard
+    kind: str = "certified-tied"               # one of KINDS
     trainable_embeddings: bool = False
+    input_map: bool = True                     # trainable linear map embedding width -> d_model (false: widths equal)
     n_classes: int = 2
 
     def encoder_config(self) -> ModelConfig:
@@ -79,6 +85,8 @@ class DataSection:
 
 @dataclass
 class OptimSection:
+    optimizer: str = "adamw"                   # adamw | sgd (plain, no momentum)
+    loss_reduction: str = "mean"               # mean | sum of the cross-entropy over a batch
     lr: float = 1e-3
     weight_decay: float = 0.01                 # on matrices only (not biases / scales / norms)
     warmup: float = 0.1                        # < 1: fraction of all steps; >= 1: number of steps
@@ -179,12 +187,21 @@ class TrainConfig:
         """The resolved encoder config (`model` section)."""
         return self.model.encoder_config()
 
+    def embedding_width(self) -> int | None:
+        """Width of the `data.embeddings` table when known without reading it (None for glove)."""
+        spec = self.data.embeddings
+        return MINILM_WIDTH if spec == "minilm" else self.data.embedding_dim if spec == "random" else None
+
     def validate(self, check_data: bool = True, world_size: int = 1, check_output: bool = False) -> None:
         """Raise ConfigError for any invalid setting (each naming the setting and its range); with
         `check_data`, also when data files are missing; with `check_output`, when `run.out_dir` cannot
         be written (`runs.check_output_location`) or `run.device` is not available. Reads no data."""
         self._validate_numbers(world_size)
-        self.model_config()
+        d_model = self.model_config().d_model
+        width = self.embedding_width()
+        if not self.model.input_map and width is not None and width != d_model:
+            raise ConfigError(f"model.input_map=false needs model.d_model equal to the embedding width "
+                              f"({self.data.embeddings}: {width}), got d_model={d_model}")
         if check_output:
             if self.run.device != "auto":
                 check_device("run.device", self.run.device)
@@ -206,6 +223,9 @@ class TrainConfig:
             (d.embedding_dim >= 1, f"data.embedding_dim must be >= 1, got {d.embedding_dim}"),
             (d.embeddings in ("minilm", "random") or d.embeddings.startswith("glove:"),
              f"unknown data.embeddings {d.embeddings!r}; valid: minilm, random, glove:PATH"),
+            (o.optimizer in OPTIMIZERS, f"unknown optim.optimizer {o.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"),
+            (o.loss_reduction in LOSS_REDUCTIONS,
+             f"unknown optim.loss_reduction {o.loss_reduction!r}; valid: {', '.join(LOSS_REDUCTIONS)}"),
             (math.isfinite(o.lr) and o.lr > 0, f"optim.lr must be a finite number > 0, got {o.lr}"),
             (math.isfinite(o.weight_decay) and o.weight_decay >= 0,
              f"optim.weight_decay must be a finite number >= 0, got {o.weight_decay}"),

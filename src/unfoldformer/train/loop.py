@@ -1,6 +1,6 @@
 """The training loop (`Trainer`, `train`) and its distributed (DDP under torchrun) set-up.
 
-`train(cfg, resume=False)`: AdamW, linear warm-up + cosine decay, length-bucketed batches,
+`train(cfg, resume=False)`: AdamW or plain SGD, linear warm-up + cosine decay, length-bucketed batches,
 evaluation each epoch (or every `run.eval_every` steps), metrics JSONL/CSV, best weights as
 safetensors; atomic, resumable checkpoints (bitwise-identical final weights on CPU); DDP under
 `torchrun` (rank 0 writes all files).
@@ -229,8 +229,9 @@ class Trainer:
         with self._divergence_check():
             logits, _ = self.ddp(ids, mask)
         loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
-        # DDP averages gradients over ranks, so scaling by world / global batch gives the global mean.
-        loss = loss_sum * (d.world / len(batch))
+        # DDP averages gradients over ranks: scaling by world / global batch gives the global mean,
+        # by world the global sum (`optim.loss_reduction`).
+        loss = loss_sum * (d.world / len(batch) if cfg.optim.loss_reduction == "mean" else d.world)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.optim.grad_clip is not None:
