@@ -29,6 +29,7 @@ from hypothesis import settings
 
 from unfoldformer.config import ModelConfig
 from unfoldformer.descent import descent_tolerance
+from unfoldformer.rho import RHO_FAMILY
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -144,3 +145,12 @@ def data_dir() -> Path:
 TINY_TRAIN = ["--data.embeddings", "random", "--data.embedding_dim", "16", "--model.d_model", "16",
               "--model.n_heads", "2", "--model.depth", "2", "--optim.batch_size", "16", "--optim.lr", "3e-3",
               "--run.threads", "1", "--run.progress", "false"]
+
+
+@pytest.fixture
+def registry():
+    """Restores the ρ registry after a test that registers user ρ."""
+    before = dict(RHO_FAMILY)
+    yield
+    RHO_FAMILY.clear()
+    RHO_FAMILY.update(before)

@@ -73,15 +73,6 @@ def test_certified_alpha_range():
     assert math.isclose(get_rho("log").derivative(torch.tensor(0.0)).item(), 0.5)
 
 
-@pytest.fixture
-def registry():
-    """Restores the ρ registry after a test that registers user ρ."""
-    before = dict(RHO_FAMILY)
-    yield
-    RHO_FAMILY.clear()
-    RHO_FAMILY.update(before)
-
-
 def test_registered_custom_rho_is_nameable_in_model_configs(registry):
     from unfoldformer import ModelConfig, UnfoldedTransformer
     from unfoldformer.rho import register_rho

@@ -11,19 +11,11 @@ from conftest import D64, assert_close
 from unfoldformer import steps as S
 from unfoldformer.cli import main
 from unfoldformer.errors import ConfigError
-from unfoldformer.rho import RHO_FAMILY, custom_rho
+from unfoldformer.rho import custom_rho
 from unfoldformer.rho_study import RhoStudySettings, run_rho_study
 from unfoldformer.rho_study import measures as M
 from unfoldformer.rho_study import settings as study_settings
 from unfoldformer.rho_study.verdicts import MIN_EFFECT, outcome
-
-
-@pytest.fixture
-def registry():
-    before = dict(RHO_FAMILY)
-    yield
-    RHO_FAMILY.clear()
-    RHO_FAMILY.update(before)
 
 
 # ----------------------------------------------------------------------------- measures
