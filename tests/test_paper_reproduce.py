@@ -12,8 +12,8 @@ import torch
 
 from unfoldformer import ConfigError
 from unfoldformer.cli import main
+from unfoldformer.data import dataset_record, load_dataset, load_embeddings
 from unfoldformer.data import files as data_files
-from unfoldformer.data import load_dataset, load_embeddings
 from unfoldformer.paper import fig56_energy_curves as fig56
 from unfoldformer.paper import fig56_plot
 from unfoldformer.paper.report import report_blocks, verdict_rows
@@ -384,6 +384,9 @@ def test_quick_reproduction_end_to_end(tmp_path, data_dir):
     assert "Figure 5: IMDB" in report and "Figure 6: SST-2" in report and "sha256" in report
     results = json.loads((out / "results.json").read_text())
     assert set(results["figures"]) == {"1", "2-3", "4"}
+    records = [dataset_record(name, data_dir) for name in ("imdb", "sst2")]
+    assert results["data_files"] == records                   # path, size and sha256 of what was read
+    assert all(f"{r['bytes']:,}" in report and r["sha256"] in report for r in records)
     assert len(verdict_rows(results)) == 3 + 2 * 8
     for name in ("imdb", "sst2"):
         curves = results["energy_curves"][name]["curves"]

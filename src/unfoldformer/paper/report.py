@@ -249,8 +249,9 @@ def report_blocks(results: dict, timings: dict, cfg: ReproduceSettings) -> list[
     if results.get("embeddings") is not None:
         blocks += [("h", 2, "Embeddings"), ("code", json.dumps(results["embeddings"], indent=2))]
     if results.get("data_files"):
-        blocks += [("h", 2, "Data files"), ("table", ["file", "sha256"],
-                                            [[f"`{p}`", f"`{h}`"] for p, h in results["data_files"].items()])]
+        blocks += [("h", 2, "Data files"), ("table", ["file", "bytes", "sha256"],
+                                            [[f"`{f['path']}`", f"{f['bytes']:,}", f"`{f['sha256']}`"]
+                                             for f in results["data_files"]])]
     blocks += [("h", 2, "Released-code defects fixed by the corrected model (THEORY §7)"),
                ("table", ["released code", "corrected pipeline"], [list(d) for d in RELEASED_DEFECTS]),
                ("h", 2, "Wall time"),

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_files, load_dataset, load_embeddings
+from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_record, load_dataset, load_embeddings
 from ..data.batching import seeded_subset
 from ..runs import check_output_location, staged_output
 from ..utils import atomic_write_text, jsonable, torch_threads, write_json
@@ -42,7 +42,7 @@ MODELS = "models"                      # folder of the trained variants' runs, i
 # ----------------------------------------------------------------------------- inputs
 def _load_inputs(cfg: ReproduceSettings) -> tuple[dict, object, dict]:
     """Per data set: eval texts and the accuracy examples' majority rate; the embeddings; data files."""
-    inputs, files = {}, {}
+    inputs, files = {}, []
     for name in cfg.datasets:
         test = load_dataset(name, EVAL_SPLITS[name], cfg.data_dir)
         samples = fig56.select(test, cfg.samples, cfg.seed, 0)
@@ -50,7 +50,7 @@ def _load_inputs(cfg: ReproduceSettings) -> tuple[dict, object, dict]:
         labels = np.array([test[i].label for i in (range(len(test)) if keep is None else keep)])
         inputs[name] = ([e.text for e in samples], [e.label for e in samples],
                         float(np.bincount(labels).max() / len(labels)))
-        files.update(dataset_files(name, cfg.data_dir))
+        files.append(dataset_record(name, cfg.data_dir))          # path, bytes, sha256
     vocab = [t for texts, _, _ in inputs.values() for t in texts]
     emb = load_embeddings(cfg.embeddings, vocab_texts=vocab, seed=cfg.seed) if inputs else None
     return inputs, emb, files
