@@ -1,12 +1,10 @@
 """The fused softmax pass (`softmax.py`): values and gradients of the kernel, the off-diagonal mass and
-average, the precision gained by masking the diagonal, and the orthogonal maps of `bases.py`."""
+average, the precision gained by masking the diagonal."""
 import pytest
 import torch
-from torch.nn.utils import parametrizations
 
 from conftest import D64
 from unfoldformer import energy as E
-from unfoldformer.bases import cayley_map, exp_map, orthogonal_basis
 from unfoldformer.softmax import MASKED, attention_pass, mass_energy, softmax_with_lse
 
 
@@ -117,36 +115,3 @@ def test_padded_energy_groups_equal_per_sample_energies():
                           if lengths[b] else torch.zeros((), dtype=D64) for b in range(len(lengths))])
     assert torch.allclose(grouped, single, rtol=1e-12, atol=1e-14)
     assert torch.allclose(grouped, E.attention_energy(Y, F, "exp", pad, method="gram"), rtol=1e-12, atol=1e-14)
-
-
-@pytest.mark.parametrize("scale", [0.0, 0.05, 0.7, 4.0])
-def test_exp_map_equals_matrix_exp_with_its_gradient(scale):
-    g = torch.Generator().manual_seed(4)
-    L = torch.randn(24, 24, generator=g, dtype=D64).tril(-1) * scale
-    A = (L - L.T).requires_grad_(True)
-    G = torch.randn(24, 24, generator=g, dtype=D64)
-    ours = exp_map(A)
-    ref = torch.matrix_exp(A)
-    assert torch.allclose(ours, ref, rtol=0, atol=1e-13 * max(1.0, scale))
-    assert torch.allclose(ours.T @ ours, torch.eye(24, dtype=D64), rtol=0, atol=1e-13 * max(1.0, scale))
-    (g_ours,), (g_ref,) = torch.autograd.grad((ours * G).sum(), A), torch.autograd.grad((ref * G).sum(), A)
-    assert torch.allclose(g_ours, g_ref, rtol=1e-11, atol=1e-11)
-
-
-@pytest.mark.parametrize("ours, torchs", [("exp", "matrix_exp"), ("cayley", "cayley")])
-def test_learned_basis_loads_torch_orthogonal_checkpoints(ours, torchs):
-    """Same state (`original`, `base`) and the same matrix as torch.nn.utils.parametrizations.orthogonal."""
-    torch.manual_seed(5)
-    reference = torch.nn.Linear(12, 12, bias=False).double()
-    torch.nn.init.eye_(reference.weight)
-    parametrizations.orthogonal(reference, orthogonal_map=torchs)
-    with torch.no_grad():
-        reference.parametrizations.weight.original.normal_(0, 0.3)
-    basis = orthogonal_basis(12, ours).double()
-    assert torch.equal(basis.weight, torch.eye(12, dtype=D64))       # starts at the identity
-    basis.load_state_dict(reference.state_dict())
-    assert torch.allclose(basis.weight, reference.weight, rtol=0, atol=1e-13)
-    L = reference.parametrizations.weight.original.detach().tril(-1)
-    assert torch.allclose(cayley_map(L - L.T) if ours == "cayley" else exp_map(L - L.T), basis.weight, atol=1e-14)
-    with pytest.raises(ValueError, match="basis_map"):
-        orthogonal_basis(4, "householder")
