@@ -61,20 +61,22 @@ def _energy(record: dict, key: str, field: str) -> float | None:
 def table(folder: Path = STUDY) -> str:
     """The study table (Markdown) from every result file in `folder`."""
     records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-    base = {(r["dataset"], r["model"]): r for r in records if r.get("variant") == "baseline"}
+    base = {(r["dataset"], r["model"], r["budget"]): r for r in records if r.get("variant") == "baseline"}
     pct = lambda v: "–" if v is None else f"{100 * v:.1f}"
-    head = ["dataset", "model", "variant", "accuracy (%)", "Δ vs baseline", "accuracy, safeguard on (%)",
+    head = ["dataset", "budget", "model", "variant", "accuracy (%)", "Δ vs baseline", "accuracy, safeguard on (%)",
             "train loss (mean of the epoch)",
             "every layer descends (%)", "curve never rises (%)", "never rises, safeguard on (%)", "tokens/s"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     order = list(VARIANTS)
-    records.sort(key=lambda r: (r["dataset"], r["model"], order.index(r["variant"]) if r["variant"] in order else 99))
+    records.sort(key=lambda r: (r["dataset"], r["budget"] != "reduced", r["model"],
+                                order.index(r["variant"]) if r["variant"] in order else 99))
     for r in records:
-        b = base.get((r["dataset"], r["model"]))
+        b = base.get((r["dataset"], r["model"], r["budget"]))
         delta = "–" if b is None or r is b else f"{100 * (r['accuracy'] - b['accuracy']):+.1f}"
         loss = r["metrics"][-1]["train_loss"] if r.get("metrics") else None
         lines.append("| " + " | ".join([
-            r["dataset"], r["model"], r["variant"], pct(r["accuracy"]), delta, pct(r.get("accuracy_safeguard")),
+            r["dataset"], r["budget"], r["model"], r["variant"], pct(r["accuracy"]), delta,
+            pct(r.get("accuracy_safeguard")),
             "–" if loss is None else f"{loss:.3f}",
             pct(_energy(r, "energy", "layer_descent_share")), pct(_energy(r, "energy", "monotone_share")),
             pct(_energy(r, "energy_safeguard", "monotone_share")), f"{r['tokens_per_s']:,.0f}"]) + " |")
