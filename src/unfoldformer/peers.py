@@ -179,7 +179,7 @@ class CrateLayer(nn.Module):
         return self.u.weight.view(self.heads, d // self.heads, d)
 
     def mssa(self, z: Tensor, valid: Tensor) -> Tensor:
-        """MSSA(Z) (B, n, d) before the output map is applied: [SSA_1 … SSA_K] then `out`."""
+        """MSSA(Z) (B, n, d): the heads [SSA_1 … SSA_K] concatenated, then the output map `out`."""
         B, n, d = z.shape
         w = self.u(z).view(B, n, self.heads, d // self.heads).transpose(1, 2)           # (B, H, n, p)
         scores = (w @ w.transpose(-1, -2)) / math.sqrt(d // self.heads)                 # (B, H, n, n)
