@@ -95,7 +95,7 @@ def test_et_energy_curve_is_the_energy_of_every_step():
     assert out.energies.shape == (3, 4) and out.energies.dtype == D64
     state = x
     for t in range(4):
-        g = model.norm(state)
+        g = model.norm(state).detach()
         assert_close(out.energies[:, t], model.energy(g, ~pad))
         state = state - model.config.energy_step * model.gradient(g, ~pad)
 
