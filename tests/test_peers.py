@@ -88,6 +88,7 @@ def test_et_update_is_minus_alpha_times_the_autograd_gradient():
         assert_close(model(x, pad).hidden, model.norm(x - 0.37 * auto))
 
 
+@torch.no_grad()
 def test_et_energy_curve_is_the_energy_of_every_step():
     model = et_model(depth=3)
     x, pad = random_inputs(seed=3)
@@ -95,7 +96,7 @@ def test_et_energy_curve_is_the_energy_of_every_step():
     assert out.energies.shape == (3, 4) and out.energies.dtype == D64
     state = x
     for t in range(4):
-        g = model.norm(state).detach()
+        g = model.norm(state)
         assert_close(out.energies[:, t], model.energy(g, ~pad))
         state = state - model.config.energy_step * model.gradient(g, ~pad)
 
@@ -115,6 +116,7 @@ def test_et_energy_falls_for_small_steps_and_rise_rate_at_the_preset_step_is_mea
 
 
 @pytest.mark.parametrize("make", [et_model, crate_model])
+@torch.no_grad()
 def test_padding_takes_no_part(make):
     """Changing padded tokens changes no real token, and a padded sample equals the same sample alone."""
     model = make()
@@ -161,6 +163,7 @@ def direct_coding_rate(z, u_t, eps=0.5):
     return total
 
 
+@torch.no_grad()
 def test_crate_equals_its_formulas_with_padding():
     model = crate_model(depth=2)
     x, pad = random_inputs(seed=6)
