@@ -1,4 +1,4 @@
-"""Accuracy benchmark: certified (tied / untied), paper and standard Transformers on SST-2 and IMDB.
+"""Accuracy benchmark: certified (tied / untied), paper, standard Transformers and the peers on SST-2 and IMDB.
 
 One (dataset, model, seed) cell per invocation, or every cell with `--all`::
 
@@ -11,8 +11,9 @@ One (dataset, model, seed) cell per invocation, or every cell with `--all`::
 setting stays that of the exp rows. A ρ ≠ exp cell is named `<dataset>-<model>-rho_<ρ>-seed<k>.json`, so
 it never replaces an exp result, and with `--all` the models default to the two certified ones.
 
-The setting (identical for all four models): width 128, depth 6, 4 heads, FFN width 512 (the
-paper model's symmetric F1 FFN is d x d and has no hidden width); the frozen MiniLM 384-d
+The setting (identical for all models): width 128, depth 6, 4 heads, FFN width 512 (the
+paper model's symmetric F1 FFN is d x d and has no hidden width, nor has CRATE's ISTA step; the
+Energy Transformer's depth is its number of steps T and its FFN width its Hopfield width); the frozen MiniLM 384-d
 word-piece table with one trainable linear map 384 -> 128; masked mean pooling, a linear head;
 AdamW (lr 1e-3, weight decay 0.01 on matrices), 10 % linear warm-up then cosine decay, batch 32,
 gradient clipping 1.0; the same token budget: SST-2 3 epochs at max length 64 (evaluated on dev),
@@ -26,7 +27,12 @@ so it is recorded separately: `accuracy_safeguard` is the same weights with the 
 (`safeguard=True`, at most 8 halvings per layer step; for every unfolded model; `safeguard_preset`
 records the in-training setting). The energy statistics (curve-monotone share, layer-descent share,
 share of backtracked layer steps, mean curve) are recorded for both: `energy` (off) and
-`energy_safeguard` (on); the standard Transformer has neither. IMDB adds
+`energy_safeguard` (on); the standard Transformer has neither. The peers (THEORY §8) have no
+safeguard; their own descent quantities are recorded in `peer_energy` (on the `energy` subset, at
+the training length): for the Energy Transformer the share of samples whose energy never rises over
+its T steps at its step size α, and the share of rising steps; for CRATE the share of layers whose
+attention step lowers its coding rate R^c, the share of samples where every layer does, and the
+mean sparsity of the ISTA codes per layer. IMDB adds
 `accuracy_full_length[_safeguard]` and `energy_full_length[_safeguard]`. `eval_pass_time_s` times
 each evaluation pass (`plain`: no energies, safeguard off = ordinary inference) and
 `safeguard_slowdown` = safeguard-on pass / plain pass on the same examples. The in-training
@@ -59,9 +65,14 @@ from pathlib import Path
 
 import torch
 
+from unfoldformer.config import PEER_ATTENTIONS
+from unfoldformer.data.batching import eval_batches
 from unfoldformer.data.files import cache_dir
+from unfoldformer.descent import descent_tolerance, lowered
 from unfoldformer.rho import RHO_FAMILY
 from unfoldformer.train import KINDS, TrainConfig, evaluate_checkpoint, train
+from unfoldformer.train.build import load_split
+from unfoldformer.train.checkpoint import load_classifier
 from unfoldformer.utils import atomic_write_bytes, environment
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -80,12 +91,14 @@ OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "gra
 
 
 RHO_MODELS = ("certified-tied", "certified-untied")   # the models that take a ρ other than exp
+PEERS = PEER_ATTENTIONS                                # the peer encoders' kinds (THEORY §8)
+NO_FFN_WIDTH = ("paper", "crate")                      # models without a hidden FFN width
 
 
 def model_section(kind: str, rho: str = "exp") -> dict:
     """The benchmark's `model` config section for `kind` (the paper's F1 FFN has no hidden width)
     with attention penalty `rho` (left to the preset, exp, unless another is named)."""
-    section = {"kind": kind, **{k: v for k, v in MODEL.items() if not (kind == "paper" and k == "ffn_hidden")}}
+    section = {"kind": kind, **{k: v for k, v in MODEL.items() if not (kind in NO_FFN_WIDTH and k == "ffn_hidden")}}
     return section if rho == "exp" else {**section, "rho": rho}
 
 
@@ -184,8 +197,8 @@ def run_cell(dataset: str, model: str, seed: int, args: argparse.Namespace) -> P
 
 def preset_safeguard(cfg: TrainConfig) -> bool | None:
     """The safeguard of the in-training evaluation: off for unfolded models (it is a run-time option,
-    off unless asked for); None for the standard Transformer, which has none."""
-    return None if cfg.model.kind == "standard" else False
+    off unless asked for); None for the standard Transformer and the peers, which have none."""
+    return None if cfg.model.kind in ("standard", *PEERS) else False
 
 
 def _limit(a: int | None, b: int | None) -> int | None:
@@ -215,9 +228,13 @@ def evaluate_cell(work: Path, dataset: str, max_examples: int | None, preset: bo
     # ordinary inference on the energy subset: the cost baseline of the safeguard (same examples)
     base = plain if e == max_examples else run("plain_energy_subset", e, safeguard=False, energies=False)
     out: dict = {"accuracy": plain["accuracy"]}
-    if preset is None:                                        # standard Transformer: no energy, no safeguard
+    if preset is None:                                        # standard Transformer, peers: no safeguard
         out.update(accuracy_energy_subset=base["accuracy"], accuracy_safeguard=None, energy=None,
                    energy_safeguard=None)
+        start = time.perf_counter()
+        out["peer_energy"] = peer_energy(weights, e)
+        if out["peer_energy"] is not None:
+            times["peer_energy"], sizes["peer_energy"] = time.perf_counter() - start, out["peer_energy"]["n"]
         matching = base
     else:
         off, on = run("safeguard_off", e, safeguard=False), run("safeguard_on", e, safeguard=True)
@@ -243,6 +260,45 @@ def evaluate_cell(work: Path, dataset: str, max_examples: int | None, preset: bo
     return out
 
 
+@torch.no_grad()
+def peer_energy(weights: Path, limit: int | None, batch_size: int = 64) -> dict | None:
+    """The peers' own descent statistics on `limit` eval examples (None for other models): the Energy
+    Transformer's curve E(g⁰) … E(gᵀ) (never rising = up to float32 round-off, `descent_tolerance`),
+    CRATE's per-layer coding rate before / after the attention step and the ISTA sparsity."""
+    loaded = load_classifier(weights)
+    cfg, model = loaded.config, loaded.model.eval()
+    if cfg.model.kind not in PEERS:
+        return None
+    ds = load_split(cfg, loaded.embeddings, cfg.eval_split, limit)
+    tol = descent_tolerance(torch.float32)
+    sums: dict[str, torch.Tensor] = {}
+    n = 0
+    for batch in eval_batches(ds.lengths(cfg.data.max_length), batch_size):
+        ids, mask, _ = ds.collate(batch, cfg.data.max_length, loaded.embeddings.pad_id)
+        _, out = model(ids, mask, return_energies=True)
+        if cfg.model.kind == "energy-transformer":
+            curve = out.energies                                    # (B, T + 1)
+            step_ok = lowered(curve[:, :-1], curve[:, 1:], tol)     # (B, T)
+            parts = {"monotone": step_ok.all(1), "monotone_strict": (curve[:, 1:] <= curve[:, :-1]).all(1),
+                     "rising_steps": (~step_ok).double().mean(1), "curve": curve}
+        else:
+            ok = lowered(out.coding_rate_before, out.coding_rate_after, tol)   # (B, L)
+            parts = {"layer_lowers": ok.double().mean(1), "every_layer_lowers": ok.all(1),
+                     "rate_before": out.coding_rate_before, "rate_after": out.coding_rate_after,
+                     "sparsity": out.sparsity}
+        for k, v in parts.items():
+            sums[k] = sums.get(k, 0) + v.double().sum(0)
+        n += len(batch)
+    mean = {k: (v / n).tolist() for k, v in sums.items()}
+    if cfg.model.kind == "energy-transformer":
+        return {"n": n, "step_size": model.encoder.config.energy_step, "monotone_share": mean["monotone"],
+                "monotone_strict_share": mean["monotone_strict"], "rising_step_share": mean["rising_steps"],
+                "mean_curve": mean["curve"]}
+    return {"n": n, "layer_lowers_share": mean["layer_lowers"], "every_layer_lowers_share": mean["every_layer_lowers"],
+            "mean_rate_before": mean["rate_before"], "mean_rate_after": mean["rate_after"],
+            "mean_sparsity": mean["sparsity"]}
+
+
 def summary_metrics(work: Path) -> list[dict]:
     return [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
 
@@ -255,7 +311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--all", action="store_true", help="every (dataset, model, seed) cell without a result yet")
     p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=sorted(DATASETS, reverse=True))
-    p.add_argument("--models", nargs="+", choices=KINDS, help="default: all four (exp) or the certified ones")
+    p.add_argument("--models", nargs="+", choices=KINDS, help="default: all models (exp) or the certified ones")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--rho", choices=sorted(RHO_FAMILY), default="exp",
                    help=f"attention penalty of the certified models ({', '.join(RHO_MODELS)}); default exp")

@@ -21,10 +21,11 @@ from collections import defaultdict
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODELS = ("certified-tied", "certified-untied", "paper", "standard")
+MODELS = ("certified-tied", "certified-untied", "paper", "standard", "energy-transformer", "crate")
 RHO_MODELS = ("certified-tied", "certified-untied")   # trained with every ρ (`accuracy.py --rho`)
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
-         "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer"}
+         "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer",
+         "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)"}
 DATASET_NAMES = {"sst2": "SST-2 dev", "imdb": "IMDB test"}
 RHO_NAMES = {"exp": "exp (softmax)", "log": "log(z + 2)", "lp": "ℓ_p (p = 1)", "truncated": "min(z, 1)",
              "linear": "z (uniform)"}
@@ -139,7 +140,9 @@ def row(key: tuple[str, str], by_dataset: dict, datasets: list[str], side_by_sid
             cells.append(f"{statistics.mean(speed) / statistics.mean(base):.2f}×" if speed and base else "–")
         per_dataset.append(recs)
     joined = lambda cell: " / ".join(cell(recs) for recs in per_dataset)   # one value per dataset
-    cells += [joined(lambda r: na(_energy(r, "energy", "monotone_share"))),
+    # the Energy Transformer's curve (no safeguard) counts as "never rises, safeguard off"
+    never_rises = lambda r: _energy(r, "energy", "monotone_share") or _energy(r, "peer_energy", "monotone_share")
+    cells += [joined(lambda r: na(never_rises(r))),
               joined(lambda r: na(_energy(r, "energy_safeguard", "monotone_share"))),
               joined(lambda r: na(_energy(r, "energy", "layer_descent_share"))),
               joined(lambda r: na(_energy(r, "energy_safeguard", "backtracked_layer_share"))),

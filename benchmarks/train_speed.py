@@ -1,4 +1,4 @@
-"""Training-step speed of the accuracy benchmark's models, measured side by side in one process.
+"""Training-step speed of the accuracy benchmark's models and its peers, measured side by side in one process.
 
 The models are built exactly as in `benchmarks/accuracy.py` (width 128, depth 6, 4 heads, FFN width
 512, frozen 384-d table + one linear map, mean pooling, linear head, AdamW), plus two variants: the
@@ -47,7 +47,8 @@ from unfoldformer.utils import environment
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset", "standard": "standard pre-LN Transformer",
          "certified-tied-fixed-basis": "certified (tied), learn_basis=False",
-         "certified-untied-cayley": "certified (untied), Cayley map"}
+         "certified-untied-cayley": "certified (untied), Cayley map",
+         "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)"}
 #: variant -> (kind, model overrides)
 VARIANTS = {**{kind: (kind, {}) for kind in KINDS},
             "certified-tied-fixed-basis": ("certified-tied", {"learn_basis": False}),

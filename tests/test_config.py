@@ -8,7 +8,7 @@ from unfoldformer import PRESETS, ConfigError, ModelConfig
 
 
 def test_presets_resolve_to_complete_configs():
-    assert set(PRESETS) == {"certified", "paper", "paper-as-released", "standard"}
+    assert set(PRESETS) == {"certified", "paper", "paper-as-released", "standard", "energy-transformer", "crate"}
     for name in PRESETS:
         cfg = ModelConfig.preset(name)
         assert cfg.preset_name == name and cfg.resolved() == cfg               # resolving is idempotent

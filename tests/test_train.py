@@ -36,7 +36,7 @@ def tiny_config(data_dir: Path, out_dir: Path, *extra: str) -> TrainConfig:
                                                *extra])
     if cfg.model.kind == "paper-as-released":
         return cfg.replace(model__n_heads=1)                       # one head, no hidden width
-    return cfg if cfg.model.kind == "paper" else cfg.replace(model__ffn_hidden=32)
+    return cfg if cfg.model.kind in ("paper", "crate") else cfg.replace(model__ffn_hidden=32)   # no hidden width
 
 
 # ----------------------------------------------------------------------------- config

@@ -23,13 +23,15 @@ from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_
 from .errors import ConfigError, UnfoldformerError
 from .inference import Predictor, load
 from .model import EncoderOutput, UnfoldedTransformer
+from .peers import Crate, EnergyTransformer
 from .rho import Rho, check_rho, custom_rho, get_rho, register_rho
 from .steps import anchored_attention_step, attention_step, symmetric_ffn_step, tied_ffn_step
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "ConfigError", "EncoderOutput", "ModelConfig", "PRESETS", "Predictor", "Rho", "SequenceClassifier",
+    "ConfigError", "Crate", "EncoderOutput", "EnergyTransformer", "ModelConfig", "PRESETS", "Predictor", "Rho",
+    "SequenceClassifier",
     "StandardTransformer", "UnfoldedTransformer", "UnfoldformerError", "anchor_energy", "anchored_attention_step",
     "attention_energy", "attention_step", "build_encoder", "check_rho", "custom_rho", "descent_tolerance",
     "get_rho", "load", "register_rho", "symmetric_ffn_energy", "symmetric_ffn_step", "tied_ffn_energy", "tied_ffn_step",

@@ -17,12 +17,15 @@ def masked_mean(hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
 
 
 def build_encoder(config: ModelConfig) -> nn.Module:
-    """`UnfoldedTransformer` for the unfolded presets, `StandardTransformer` for `standard`."""
+    """`UnfoldedTransformer` for the unfolded presets, `StandardTransformer` for `standard`, the peer
+    encoders `EnergyTransformer` / `Crate` for `energy-transformer` / `crate`."""
     from .baselines import StandardTransformer
     from .model import UnfoldedTransformer
+    from .peers import Crate, EnergyTransformer
 
     config = config.resolved()
-    return StandardTransformer(config) if config.attention == "standard" else UnfoldedTransformer(config)
+    encoders = {"standard": StandardTransformer, "energy-transformer": EnergyTransformer, "crate": Crate}
+    return encoders.get(config.attention, UnfoldedTransformer)(config)
 
 
 class SequenceClassifier(nn.Module):

@@ -13,6 +13,8 @@ certified configs also refuse step sizes outside the range their theorem certifi
 | `paper`             | metric AᵀA, one head §3.1 | symmetric W_F (F1) §3.4 | the paper's model, theory-consistent |
 | `paper-as-released` | released formulas §7.1    | released               | defects included, not certified    |
 | `standard`          | pre-LN softmax attention  | GELU MLP               | the `nn.TransformerEncoder` baseline |
+| `energy-transformer`| ET attention energy §8    | Hopfield energy §8     | peer: one block, T = depth gradient steps |
+| `crate`             | MSSA (coding rate) §8     | ISTA step §8           | peer: CRATE, depth L untied layers  |
 
 Whole-layer descent is a run-time option, not part of the architecture: pass
 `safeguard=True` to the model's forward (backtracking on the step size, THEORY §3.5).
@@ -27,11 +29,11 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .rho import RHO_FAMILY, get_rho
 
-__all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "FFN_KINDS", "ModelConfig", "PRESETS"]
+__all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "FFN_KINDS", "ModelConfig", "PEER_ATTENTIONS", "PRESETS"]
 
-ATTENTION_KINDS = ("anchored", "metric", "released", "standard")
+ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transformer", "crate")
 BASIS_MAPS = ("exp", "cayley")
-FFN_KINDS = ("tied", "symmetric", "released", "none", "standard")
+FFN_KINDS = ("tied", "symmetric", "released", "none", "standard", "hopfield", "ista")
 
 # Fields each attention / FFN kind uses, beyond the ones every encoder has.
 _COMMON = ("d_model", "n_heads", "depth")
@@ -41,6 +43,8 @@ _ATTENTION_FIELDS = {
     "metric": ("rho", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
     "released": _UNFOLDED,
     "standard": ("dropout",),
+    "energy-transformer": ("energy_step",),
+    "crate": (),
 }
 _FFN_FIELDS = {
     "tied": ("ffn_hidden", "alpha_ffn"),
@@ -48,12 +52,17 @@ _FFN_FIELDS = {
     "released": ("relu",),
     "none": (),
     "standard": ("ffn_hidden",),
+    "hopfield": ("ffn_hidden",),
+    "ista": ("ista_step", "ista_lambda"),
 }
 
 #: Values of fields that neither the user nor the preset sets.
 DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_weight=1.0, alpha_attention=1.0,
                 learn_basis=True, basis_map="exp", ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
-                spectrum_method="clip", dropout=0.0, certified=False)
+                spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
+                ista_lambda=0.1)
+#: Attention kinds of the peer encoders (no certified energy descent; `peers.py`).
+PEER_ATTENTIONS = ("energy-transformer", "crate")
 
 PRESETS: dict[str, dict] = {
     # Certified multi-head anchored attention + tied FFN; certified step sizes.
@@ -71,6 +80,11 @@ PRESETS: dict[str, dict] = {
     # The pre-LayerNorm `nn.TransformerEncoder` baseline (softmax attention, GELU MLP).
     "standard": dict(d_model=128, n_heads=4, depth=6, attention="standard", ffn="standard", ffn_hidden=512,
                      dropout=0.0),
+    # Peer: the Energy Transformer (Hoover et al. 2023), one block applied `depth` = T times, step α.
+    "energy-transformer": dict(d_model=128, n_heads=4, depth=6, attention="energy-transformer", ffn="hopfield",
+                               ffn_hidden=512, energy_step=0.1),
+    # Peer: CRATE (Yu et al. 2023), `depth` layers of MSSA + one ISTA step (η, λ as published: 0.1, 0.1).
+    "crate": dict(d_model=128, n_heads=4, depth=6, attention="crate", ffn="ista", ista_step=0.1, ista_lambda=0.1),
 }
 
 
@@ -101,6 +115,9 @@ class ModelConfig:
     spectrum_method: str | None = None    # F1: clip (eigen-clip) | scale (spectral scaling)
     dropout: float | None = None          # standard baseline only
     certified: bool | None = None         # refuse step sizes outside the certified ranges
+    energy_step: float | None = None      # Energy Transformer only: step α of x ← x − α ∂E/∂g
+    ista_step: float | None = None        # CRATE only: ISTA step η
+    ista_lambda: float | None = None      # CRATE only: ISTA sparsity weight λ (threshold ηλ)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -174,8 +191,8 @@ class ModelConfig:
 
     @property
     def is_unfolded(self) -> bool:
-        """True for the energy-descent models (everything but the `standard` baseline)."""
-        return (self.attention or PRESETS[self.preset_name]["attention"]) != "standard"
+        """True for this project's energy-descent models (not the `standard` baseline, not the peers)."""
+        return (self.attention or PRESETS[self.preset_name]["attention"]) not in ("standard", *PEER_ATTENTIONS)
 
     # --- validation
     def _check_ranges(self) -> None:
@@ -188,7 +205,7 @@ class ModelConfig:
             raise ConfigError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
         if self.rho is not None and self.rho not in RHO_FAMILY:
             raise ConfigError(f"unknown rho {self.rho!r}; valid: {', '.join(RHO_FAMILY)}")
-        for name in ("anchor_weight", "alpha_attention", "alpha_ffn"):
+        for name in ("anchor_weight", "alpha_attention", "alpha_ffn", "energy_step", "ista_step"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be a finite number > 0, got {value}")
@@ -199,8 +216,15 @@ class ModelConfig:
             raise ConfigError(f"basis_map must be one of {', '.join(BASIS_MAPS)}, got {self.basis_map!r}")
         if self.spectrum_method is not None and self.spectrum_method not in ("clip", "scale"):
             raise ConfigError(f"spectrum_method must be clip or scale, got {self.spectrum_method!r}")
+        if self.ista_lambda is not None and not self.ista_lambda >= 0:
+            raise ConfigError(f"ista_lambda must be a finite number >= 0, got {self.ista_lambda}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
+        pairs = {"energy-transformer": "hopfield", "crate": "ista"}
+        for attention, ffn in pairs.items():
+            if (self.attention == attention) != (self.ffn == ffn):
+                raise ConfigError(f"attention {attention!r} goes with ffn {ffn!r} only (a peer encoder), got "
+                                  f"attention {self.attention!r} with ffn {self.ffn!r}")
         if self.attention == "released":
             if self.n_heads != 1:
                 raise ConfigError(f"the released attention has one head, got n_heads={self.n_heads}")

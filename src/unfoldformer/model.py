@@ -76,6 +76,12 @@ class EncoderOutput:
     ffn_before: Tensor | None = None
     ffn_after: Tensor | None = None
     step_scales: Tensor | None = None
+    # CRATE (`peers.Crate`, return_energies=True), (B, depth) float64: the coding rate R^c_ℓ of layer ℓ's
+    # subspaces at LN(Y⁽ℓ⁻¹⁾) and at LN(Y⁽ℓ⁻¹⁾ + MSSA) (after its attention step), and the share of zero
+    # entries of the ISTA output over real tokens.
+    coding_rate_before: Tensor | None = None
+    coding_rate_after: Tensor | None = None
+    sparsity: Tensor | None = None
 
 
 @dataclass

@@ -34,7 +34,8 @@ __all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection",
 #: model.kind -> (preset, tied)
 KIND_PRESETS = {"certified-tied": ("certified", True), "certified-untied": ("certified", False),
                 "paper": ("paper", None), "paper-as-released": ("paper-as-released", None),
-                "standard": ("standard", None)}
+                "standard": ("standard", None), "energy-transformer": ("energy-transformer", None),
+                "crate": ("crate", None)}
 OPTIMIZERS = ("adamw", "sgd")
 LOSS_REDUCTIONS = ("mean", "sum")
 #: Embedding widths known before the table is read (glove: from its file).

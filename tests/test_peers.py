@@ -1,0 +1,229 @@
+"""Peer encoders (THEORY §8): Energy Transformer and CRATE against direct float64 computations of
+their formulas, padding, the ET update as −α × the autograd gradient, config and training wiring."""
+import math
+
+import pytest
+import torch
+
+from conftest import TINY_TRAIN, assert_close, close_tol, default_dtype, random_inputs, rises
+from unfoldformer import ConfigError, Crate, EnergyTransformer, ModelConfig, build_encoder
+from unfoldformer import load as uf_load
+from unfoldformer.peers import coding_rate, et_energy
+from unfoldformer.train import TrainConfig, evaluate_checkpoint, train
+
+D64 = torch.float64
+
+
+def et_model(seed: int = 0, **overrides) -> EnergyTransformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig.preset("energy-transformer", **{**dict(d_model=8, n_heads=2, depth=3, ffn_hidden=6),
+                                                      **overrides})
+    with default_dtype(D64):
+        model = EnergyTransformer(cfg)
+    with torch.no_grad():                                          # a non-trivial scale and bias
+        model.gamma.fill_(1.3)
+        model.delta.normal_(0, 0.3)
+    return model
+
+
+def crate_model(seed: int = 0, **overrides) -> Crate:
+    torch.manual_seed(seed)
+    cfg = ModelConfig.preset("crate", **{**dict(d_model=8, n_heads=2, depth=2), **overrides})
+    with default_dtype(D64):
+        return Crate(cfg)
+
+
+# ----------------------------------------------------------------------------- direct formulas
+def direct_layer_norm(x, gamma, delta, eps=1e-5):
+    mean = sum(x) / len(x)
+    var = sum((v - mean) ** 2 for v in x) / len(x)
+    return [gamma * (v - mean) / math.sqrt(var + eps) + delta[i] for i, v in enumerate(x)]
+
+
+def direct_et_energy(g, wq, wk, xi):
+    """E_att + E_hop of one sample's real tokens g (n, d), by explicit sums (floats)."""
+    g, wq, wk, xi = g.detach(), wq.detach(), wk.detach(), xi.detach()
+    H, k, _ = wq.shape
+    beta = 1 / math.sqrt(k)
+    n = g.shape[0]
+    q = [[[float(wq[h, a] @ g[c]) for a in range(k)] for c in range(n)] for h in range(H)]
+    kk = [[[float(wk[h, a] @ g[c]) for a in range(k)] for c in range(n)] for h in range(H)]
+    e_att = 0.0
+    for h in range(H):
+        for c in range(n):
+            terms = [beta * sum(kk[h][b][a] * q[h][c][a] for a in range(k)) for b in range(n) if b != c]
+            if terms:
+                top = max(terms)
+                e_att -= (top + math.log(sum(math.exp(t - top) for t in terms))) / beta
+    e_hop = -0.5 * sum(max(float(xi[m] @ g[a]), 0.0) ** 2 for a in range(n) for m in range(xi.shape[0]))
+    return e_att + e_hop
+
+
+def test_et_energy_equals_its_formula_with_padding():
+    model = et_model()
+    x, pad = random_inputs(seed=1)
+    with torch.no_grad():
+        g = model.norm(x)
+        got = model.energy(g, ~pad)                                # (B,) float64
+    assert got.dtype == D64
+    for b in range(x.shape[0]):
+        real = g[b, ~pad[b]]
+        expected = direct_et_energy(real, model.wq, model.wk, model.xi)
+        assert abs(float(got[b]) - expected) <= close_tol(D64, abs(expected) + 1)
+    # the layer norm, entry by entry
+    want = direct_layer_norm(x[0, 0].tolist(), 1.3, model.delta.tolist())
+    assert_close(g[0, 0], torch.tensor(want, dtype=D64))
+
+
+def test_et_update_is_minus_alpha_times_the_autograd_gradient():
+    model = et_model(depth=1, energy_step=0.37)
+    x, pad = random_inputs(seed=2)
+    g = model.norm(x).detach().requires_grad_(True)
+    energy = et_energy(g, model.wq, model.wk, model.xi, ~pad).sum()
+    (auto,) = torch.autograd.grad(energy, g)                       # (B, n, d)
+    with torch.no_grad():
+        closed = model.gradient(g, ~pad)
+        assert_close(closed, auto)
+        assert float(closed[1, 5:].abs().max()) == 0.0             # padded tokens do not move
+        assert_close(model(x, pad).hidden, model.norm(x - 0.37 * auto))
+
+
+@torch.no_grad()
+def test_et_energy_curve_is_the_energy_of_every_step():
+    model = et_model(depth=3)
+    x, pad = random_inputs(seed=3)
+    out = model(x, pad, return_energies=True)
+    assert out.energies.shape == (3, 4) and out.energies.dtype == D64
+    state = x
+    for t in range(4):
+        g = model.norm(state)
+        assert_close(out.energies[:, t], model.energy(g, ~pad))
+        state = state - model.config.energy_step * model.gradient(g, ~pad)
+
+
+def test_et_energy_falls_for_small_steps_and_rise_rate_at_the_preset_step_is_measured():
+    """dE/dt = −∇_gEᵀ (∂g/∂x) ∇_gE ≤ 0 (∂g/∂x PSD for a scalar γ > 0): for a small enough α no step
+    rises. At the preset α = 0.1 the share of rising steps of random untrained blocks is measured
+    (printed with -s), not assumed zero."""
+    x, pad = random_inputs(seed=4, B=6, n=9)
+    rising = []
+    for seed in range(5):
+        small = et_model(seed, depth=5, energy_step=1e-4)(x, pad, return_energies=True).energies
+        assert not rises(small[:, :-1], small[:, 1:]).any()
+        curve = et_model(seed, depth=5)(x, pad, return_energies=True).energies
+        rising.append(rises(curve[:, :-1], curve[:, 1:]).double().mean())
+    print(f"ET, alpha = 0.1, untrained: share of rising steps {float(torch.stack(rising).mean()):.3f}")
+
+
+@pytest.mark.parametrize("make", [et_model, crate_model])
+@torch.no_grad()
+def test_padding_takes_no_part(make):
+    """Changing padded tokens changes no real token, and a padded sample equals the same sample alone."""
+    model = make()
+    x, pad = random_inputs(seed=5)
+    out = model(x, pad, return_energies=True)
+    x2 = x.clone()
+    x2[pad] = 100 * torch.randn_like(x2[pad])
+    out2 = model(x2, pad, return_energies=True)
+    assert_close(out2.hidden[~pad], out.hidden[~pad])
+    alone = model(x[1:2, :5], None, return_energies=True)
+    assert_close(alone.hidden[0], out.hidden[1, :5])
+    for field in ("energies", "coding_rate_before", "coding_rate_after", "sparsity"):
+        value = getattr(out, field)
+        if value is not None:
+            assert_close(getattr(alone, field)[0], value[1], scale=float(value[1].abs().max()) + 1)
+
+
+# ----------------------------------------------------------------------------- CRATE
+def direct_crate_layer(y, layer):
+    """One CRATE layer on one sample's real tokens y (n, d), float64, from THEORY §8's formulas."""
+    def ln(v, norm):
+        return (v - v.mean(-1, keepdim=True)) / torch.sqrt(v.var(-1, unbiased=False, keepdim=True) + norm.eps) \
+            * norm.weight + norm.bias
+    z = ln(y, layer.norm1)
+    u_t = layer.subspaces()                                        # (H, p, d)
+    heads = []
+    for uk in u_t:
+        w = z @ uk.T                                               # (n, p)
+        s = w @ w.T / math.sqrt(uk.shape[0])
+        a = torch.exp(s - s.max(-1, keepdim=True).values)
+        heads.append((a / a.sum(-1, keepdim=True)) @ w)
+    y1 = y + torch.cat(heads, -1) @ layer.out.weight.T + layer.out.bias
+    z1 = ln(y1, layer.norm2)
+    D, eta, lam = layer.dictionary, layer.eta, layer.lam
+    return torch.clamp(z1 + eta * (z1 - z1 @ D.T) @ D - eta * lam, min=0), z, ln(y1, layer.norm1)
+
+
+def direct_coding_rate(z, u_t, eps=0.5):
+    n, p = z.shape[0], u_t.shape[1]
+    total = 0.0
+    for uk in u_t:
+        w = z @ uk.T
+        total += 0.5 * float(torch.linalg.slogdet(torch.eye(p, dtype=D64) + p / (n * eps ** 2) * w.T @ w)[1])
+    return total
+
+
+@torch.no_grad()
+def test_crate_equals_its_formulas_with_padding():
+    model = crate_model(depth=2)
+    x, pad = random_inputs(seed=6)
+    out = model(x, pad, return_energies=True)
+    assert out.coding_rate_before.shape == (3, 2) and out.sparsity.dtype == D64
+    for b in range(x.shape[0]):
+        y = x[b, ~pad[b]]
+        for ell, layer in enumerate(model.layers):
+            y, z_before, z_after = direct_crate_layer(y, layer)
+            u = layer.subspaces()
+            for got, z in ((out.coding_rate_before, z_before), (out.coding_rate_after, z_after)):
+                want = direct_coding_rate(z, u)
+                assert abs(float(got[b, ell]) - want) <= close_tol(D64, abs(want) + 1)
+            assert float(out.sparsity[b, ell]) == float((y == 0).double().mean())
+        final = torch.nn.functional.layer_norm(y, (8,), model.norm.weight, model.norm.bias, model.norm.eps)
+        assert_close(out.hidden[b, ~pad[b]], final)
+
+
+def test_ista_threshold_makes_codes_sparse():
+    """λ sets the threshold ηλ: a larger λ gives at least as many zeros on the same input, and a
+    threshold far above every pre-threshold entry (ηλ = 1000) zeroes every code."""
+    x, pad = random_inputs(seed=7)
+    low = crate_model(ista_lambda=0.0)(x, pad, return_energies=True).sparsity
+    mid = crate_model(ista_lambda=5.0)(x, pad, return_energies=True).sparsity
+    high = crate_model(ista_lambda=1e4)(x, pad, return_energies=True).sparsity
+    assert (mid >= low).all() and (mid > low).any() and float(high.min()) == 1.0
+    assert coding_rate(torch.zeros(1, 3, 8, dtype=D64), torch.randn(2, 4, 8, dtype=D64),
+                       torch.ones(1, 3, dtype=torch.bool)).item() == 0.0   # log det I = 0
+
+
+# ----------------------------------------------------------------------------- config and wiring
+def test_peer_presets_and_refused_fields():
+    et, crate = ModelConfig.preset("energy-transformer"), ModelConfig.preset("crate")
+    assert (et.d_model, et.n_heads, et.depth, et.ffn_hidden, et.energy_step) == (128, 4, 6, 512, 0.1)
+    assert (crate.depth, crate.ista_step, crate.ista_lambda, crate.ffn_hidden) == (6, 0.1, 0.1, None)
+    assert not et.is_unfolded and not crate.is_unfolded
+    assert isinstance(build_encoder(et), EnergyTransformer) and isinstance(build_encoder(crate), Crate)
+    for preset, bad, message in [("crate", dict(ffn_hidden=64), "ffn_hidden does not apply"),
+                                 ("certified", dict(energy_step=0.1), "energy_step does not apply"),
+                                 ("energy-transformer", dict(ista_lambda=0.1), "ista_lambda does not apply"),
+                                 ("energy-transformer", dict(energy_step=0.0), "energy_step must be"),
+                                 ("crate", dict(ista_lambda=-1.0), "ista_lambda must be"),
+                                 ("crate", dict(ffn="tied"), "goes with ffn 'ista'")]:
+        with pytest.raises(ConfigError, match=message):
+            ModelConfig.preset(preset, **bad)
+    with pytest.raises(ConfigError, match="no safeguard"):
+        et_model()(*random_inputs(), safeguard=True)
+
+
+@pytest.mark.parametrize("kind", ["energy-transformer", "crate"])
+def test_peer_kinds_train_evaluate_and_load(kind, sst2_dir, tmp_path):
+    extra = ["--model.ffn_hidden", "32"] if kind == "energy-transformer" else []
+    cfg = TrainConfig().with_overrides(TINY_TRAIN + extra + [
+        "--model.kind", kind, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(tmp_path / kind),
+        "--data.max_train_examples", "64", "--optim.epochs", "1"])
+    summary = train(cfg)
+    res = evaluate_checkpoint(tmp_path / kind / "last.safetensors", energies=False)
+    assert res["kind"] == kind and res["n"] == 100 and res["energy"] is None
+    assert res["accuracy"] == summary["final"]["eval_accuracy"]
+    predictor = uf_load(tmp_path / kind)
+    assert type(predictor.model.encoder).__name__ == {"energy-transformer": "EnergyTransformer",
+                                                      "crate": "Crate"}[kind]
+    assert len(predictor.predict(["a fine film", "awful"])) == 2
