@@ -5,7 +5,8 @@
 Reads the per-epoch `metrics` recorded in every result file (`benchmarks/accuracy.py` writes them:
 training loss averaged over the epoch, held-out loss and accuracy after it). One column per
 (dataset, budget): the full-budget exp runs of `benchmarks/results/` and the reduced IMDB runs of the
-study (`benchmarks/results/study/`, one line per variant). Each seed is one thin line; the mean over
+study (`benchmarks/results/study/`, one point per variant) and the study's full-budget variants.
+Each seed is one thin line; the mean over
 seeds a thick one. The figure is written whole (temporary file, then renamed).
 """
 from __future__ import annotations
@@ -32,6 +33,10 @@ def load_runs(results: Path) -> dict[str, dict[str, list[dict]]]:
         rec = json.loads(path.read_text())
         if rec.get("rho", "exp") == "exp" and rec.get("metrics") and not rec.get("variant"):
             panels[f"{rec['dataset'].upper()}, full budget"][rec["model"]].append(rec)
+    for path in sorted((results / "study").glob("*-seed*.json")):          # the study's full-budget variants
+        rec = json.loads(path.read_text())
+        if rec.get("budget") == "full" and rec.get("metrics"):
+            panels[f"{rec['dataset'].upper()}, full budget"][f"{rec['model']} ({rec['variant']})"].append(rec)
     for path in sorted((results / "study").glob("imdb-*-reduced.json")):
         rec = json.loads(path.read_text())
         if rec.get("metrics"):
