@@ -58,7 +58,7 @@ METRICS = (("train_loss", "training loss (epoch mean)"), ("eval_accuracy", "held
 def _curves(axes, runs: dict[str, list[dict]]) -> None:
     """Per-epoch lines: thin per seed, thick mean, one colour per label."""
     for i, (label, records) in enumerate(sorted(runs.items())):
-        style = dict(color=COLOURS.get(label, f"C{i % 10}"))
+        style = dict(color=COLOURS.get(label, f"C{(i + 3) % 10}"))         # C0-C2 and grey name the defaults
         for ax, (key, name) in zip(axes, METRICS):
             epochs, values = _series(records, key)                  # (seeds, epochs)
             for seed_values in values:
