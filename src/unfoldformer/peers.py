@@ -188,10 +188,11 @@ class CrateLayer(nn.Module):
         return self.out(heads.transpose(1, 2).reshape(B, n, d))
 
     def forward(self, y: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(Y'' (B, n, d), LN₁(Y), LN₁(Y')) — the last two for the coding rate before / after the step."""
+        """(Y'' (B, n, d), LN₁(Y), Y'): the coding rate before / after the step is measured at LN₁(Y)
+        and LN₁(Y'), the latter computed only when asked for."""
         z = self.norm1(y)                                         # (B, n, d)
         y = y + self.mssa(z, valid)
-        return ista_step(self.norm2(y), self.dictionary, self.eta, self.lam), z, self.norm1(y)
+        return ista_step(self.norm2(y), self.dictionary, self.eta, self.lam), z, y
 
 
 class Crate(nn.Module):
@@ -215,11 +216,12 @@ class Crate(nn.Module):
         check_dtype(x, self)
         before, after, sparsity = [], [], []
         for layer in self.layers:
-            x, z_before, z_after = layer(x, valid)
+            x, z_before, y_mid = layer(x, valid)
             if return_energies:                                   # measurements: outside autograd
                 u = layer.subspaces().detach()
-                before.append(coding_rate(z_before.detach(), u, valid))
-                after.append(coding_rate(z_after.detach(), u, valid))
+                with torch.no_grad():
+                    before.append(coding_rate(z_before, u, valid))
+                    after.append(coding_rate(layer.norm1(y_mid), u, valid))
                 zeros = ((x.detach() == 0) & valid[..., None]).sum(dim=(1, 2)).to(torch.float64)   # (B,)
                 sparsity.append(zeros / (valid.sum(dim=1) * x.shape[-1]).clamp_min(1))
         out = EncoderOutput(hidden=self.norm(x))
