@@ -36,6 +36,7 @@ VARIANTS: dict[str, list[str]] = {
     "heads_8": ["model.n_heads=8"],
     "depth_12": ["model.depth=12"],
     "lr_3e-3": ["optim.lr=0.003"],
+    "lr_2e-3": ["optim.lr=0.002"],
     "lr_3e-4": ["optim.lr=0.0003"],
     "warmup_0.02": ["optim.warmup=0.02"],
     "fixed_basis": ["model.learn_basis=false"],

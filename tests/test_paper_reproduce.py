@@ -395,6 +395,8 @@ def test_quick_reproduction_end_to_end(tmp_path, data_dir):
             assert all(math.isfinite(e) for e in c["mean_energy"] + c["median_energy"])
         for key, run in results["energy_curves"][name]["runs"].items():
             assert (out / run / "last.safetensors").is_file(), key
+            recorded = json.loads((out / run / "config.json").read_text())["run"]["out_dir"]
+            assert recorded == str((out / run).resolve()), (key, recorded)       # not the staging folder
     assert "data:image/png;base64," in (out / "report.html").read_text()
     assert json.loads((out / "config.json").read_text())["mode"] == "quick"
     assert "total" in json.loads((out / "timings.json").read_text())

@@ -32,7 +32,7 @@ from . import fig56_plot
 from .report import render_html, render_report
 from .settings import DATASET_FIGURE, FIGURE_FILES, ReproduceSettings
 from .tasks import Job, random_curves_job, run_jobs, theory_job, train_job, trained_curves_job
-from .trained import recipes, train_config
+from .trained import recipes, record_final_location, train_config
 
 __all__ = ["run_reproduction"]
 
@@ -186,6 +186,10 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
             bar.update(1)
 
         theory, curves = _figures(cfg, inputs, emb, configs, out, tick)
+    for name in configs:                                          # the runs name their final folder
+        for spec, _ in configs[name]:
+            run = out / MODELS / f"{name}-{spec.name}"
+            record_final_location(run, Path(cfg.out).resolve() / MODELS / run.name)
     timings["cpu_time_all_processes"] = _cpu_time() - cpu0
     timings["total"] = time.perf_counter() - t0
     results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,

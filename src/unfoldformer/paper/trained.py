@@ -31,11 +31,13 @@ from ..data.batching import eval_batches
 from ..train import TrainConfig, load_classifier, train
 from ..train.build import load_split
 from ..train.evaluate import evaluate
+from ..utils import write_json
 
 #: Examples of the in-training evaluation when accuracy is measured afterwards at another truncation.
 MONITOR_EXAMPLES = 200
 
-__all__ = ["RecipeSpec", "TrainedVariant", "load_trained", "recipes", "train_config", "train_variant"]
+__all__ = ["RecipeSpec", "TrainedVariant", "load_trained", "recipes", "record_final_location", "train_config",
+           "train_variant"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,17 @@ def train_variant(spec: RecipeSpec, cfg: TrainConfig) -> TrainedVariant:
                 "accuracy_max_length": spec.eval_length, "train_max_length": spec.max_length,
                 "parameters": resolved["parameters"], "final_train_loss": final["train_loss"]}
     return TrainedVariant(spec, run_dir, accuracy, as_trained, training, summary["wall_time_s"])
+
+
+def record_final_location(run_dir: Path, final_dir: Path) -> None:
+    """Make a run trained in a staging folder (`runs.staged_output`) name the folder it will end in:
+    `run.out_dir` of its config.json and `out_dir` of its summary.json become `final_dir`."""
+    for name, section in (("config.json", "run"), ("summary.json", None)):
+        path = Path(run_dir) / name
+        if path.is_file():
+            record = json.loads(path.read_text())
+            (record[section] if section else record)["out_dir"] = str(final_dir)
+            write_json(path, record)
 
 
 def _count(n: int | None) -> str:
