@@ -10,7 +10,9 @@ same dataset and budget; energy statistics with the safeguard off and on, the sh
 the safeguard shortened, and its inference cost (safeguard-on evaluation time / plain inference).
 Full-budget and reduced runs are never pooled: reduced rows go to their own table, with the
 budget that was run (examples, epochs) stated. Certified models trained with another attention
-penalty ρ (`accuracy.py --rho`) get their own rows after the exp row of the same model.
+penalty ρ (`accuracy.py --rho`) get their own rows after the exp row of the same model; so do the
+full-budget cells of the fit study (`results/study/`, `accuracy.py --variant NAME`), named by their
+config changes (e.g. "certified (tied), optim.lr=0.003").
 """
 from __future__ import annotations
 
@@ -31,19 +33,24 @@ RHO_NAMES = {"exp": "exp (softmax)", "log": "log(z + 2)", "lp": "ℓ_p (p = 1)",
              "linear": "z (uniform)"}
 
 
-def row_key(rec: dict) -> tuple[str, str]:
-    """(model, ρ) of a result; files written before ρ was recorded are exp."""
-    return rec["model"], rec.get("rho", "exp")
+def row_key(rec: dict) -> tuple[str, str, str]:
+    """(model, ρ, config changes of a study variant) of a result; files written before ρ was recorded are exp;
+    the default settings have no changes ("")."""
+    return rec["model"], rec.get("rho", "exp"), ", ".join(rec.get("settings") or [])
 
 
-def row_name(key: tuple[str, str]) -> str:
-    model, rho = key
-    return NAMES[model] if rho == "exp" else f"{NAMES[model]}, ρ = {RHO_NAMES.get(rho, rho)}"
+def row_name(key: tuple[str, str, str]) -> str:
+    model, rho, changes = key
+    name = NAMES[model] if rho == "exp" else f"{NAMES[model]}, ρ = {RHO_NAMES.get(rho, rho)}"
+    return f"{name}, {changes}" if changes else name
 
 
-def speed_key(key: tuple[str, str]) -> str:
-    """The key of a model in the side-by-side speed file (`train_speed.py`, with `--rho`)."""
-    model, rho = key
+def speed_key(key: tuple[str, str, str]) -> str | None:
+    """The key of a model in the side-by-side speed file (`train_speed.py`, with `--rho`); None for a
+    variant that changes the model (only optimiser changes keep the step time of the default)."""
+    model, rho, changes = key
+    if any(not c.startswith("optim.") for c in changes.split(", ") if c):
+        return None
     return model if rho == "exp" else f"{model}:{rho}"
 
 
@@ -63,7 +70,11 @@ def load_speed(*paths: Path) -> dict | None:
 
 
 def load_results(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    """The cells in `folder`, and the full-budget cells of the fit study in `folder/study` (its reduced
+    cells have their own table, `accuracy_study.py --table`)."""
+    study = [json.loads(p.read_text()) for p in sorted((folder / "study").glob("*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] + \
+        [r for r in study if r["budget"] == "full"]
 
 
 def mean_std(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
@@ -103,10 +114,10 @@ def table(by_dataset: dict, speed: dict | None = None, every_rho: bool = False) 
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     present = {key for d in datasets for key in by_dataset[d]}
     if every_rho:
-        present |= {(model, rho) for model in RHO_MODELS for rho in RHO_NAMES}
+        present |= {(model, rho, "") for model in RHO_MODELS for rho in RHO_NAMES}
     order = list(RHO_NAMES)
     for key in sorted(present, key=lambda k: (MODELS.index(k[0]), order.index(k[1]) if k[1] in order else len(order),
-                                              k[1])):
+                                              k[1], k[2])):
         lines.append("| " + " | ".join([row_name(key)] + row(key, by_dataset, datasets, speed)) + " |")
     return "\n".join(lines)
 
@@ -119,7 +130,8 @@ def _energy(recs: list[dict], key: str, stat: str) -> list[float]:
     return [r[key][stat] for r in recs if r.get(key) and r[key].get(stat) is not None]
 
 
-def row(key: tuple[str, str], by_dataset: dict, datasets: list[str], side_by_side: dict | None = None) -> list[str]:
+def row(key: tuple[str, str, str], by_dataset: dict, datasets: list[str],
+        side_by_side: dict | None = None) -> list[str]:
     cells, per_dataset = [], []
     na = lambda values, **kw: mean_std(values, **kw) if values else "n/a"
     for d in datasets:
@@ -130,7 +142,7 @@ def row(key: tuple[str, str], by_dataset: dict, datasets: list[str], side_by_sid
             cells += [mean_std(_values(recs, "accuracy_full_length")),
                       na(_values(recs, "accuracy_full_length_safeguard"))]
         speed = [r["tokens_per_s"] for r in recs]
-        base = [r["tokens_per_s"] for r in by_dataset[d].get(("standard", "exp"), [])]
+        base = [r["tokens_per_s"] for r in by_dataset[d].get(("standard", "exp", ""), [])]
         cells.append(f"{statistics.mean(speed):,.0f}" if speed else "–")
         length = recs[0]["eval_max_length"] if recs else None      # the training length of the cell
         side = (side_by_side or {}).get(length)

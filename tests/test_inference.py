@@ -44,6 +44,24 @@ def test_load_predicts_like_the_trained_model(run_dir):
         predictor("one string")
 
 
+def test_a_minilm_model_loads_where_its_training_data_is_absent(sst2_dir, tmp_path, monkeypatch):
+    """A model on the MiniLM table (a vocabulary that does not come from the data) opens and predicts on
+    a machine without the data it was trained on: only data-built vocabularies need the data."""
+    data = tmp_path / "data"
+    shutil.copytree(sst2_dir, data)
+    monkeypatch.setenv("UNFOLDFORMER_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    cfg = TrainConfig().with_overrides([*TINY_TRAIN, "--data.embeddings", "minilm", "--data.data_dir", str(data),
+                                        "--data.max_train_examples", "64", "--data.max_eval_examples", "16",
+                                        "--model.depth", "1", "--optim.epochs", "1", "--run.out_dir", str(out)])
+    train(cfg)
+    before = [p.probabilities for p in uf.load(out)(["a good film", "bad and dull"])]
+    shutil.rmtree(data)
+    monkeypatch.delenv("UNFOLDFORMER_DATA", raising=False)
+    after = [p.probabilities for p in uf.load(out)(["a good film", "bad and dull"])]
+    assert after == before
+
+
 def test_predict_command_prints_labels_probabilities_and_curves(run_dir, tmp_path, capsys):
     texts = tmp_path / "texts.txt"
     texts.write_text("superb and lovely\n\nawful , boring plot\n")
