@@ -9,6 +9,9 @@ tokens, 500 fixed test reviews; SST-2 8,000 training sentences, 1 epoch, all 872
 
     python benchmarks/accuracy_study.py --dataset imdb --model certified-tied --variants baseline lambda_0.3
     python benchmarks/accuracy_study.py --table                 # the study table from the result files
+    python benchmarks/accuracy.py --dataset imdb --model certified-tied --variant lr_3e-3 \
+        --set optim.lr=0.003 --results benchmarks/results/study   # one variant at the full budget
+    python benchmarks/layer_health.py RUN_DIR ...               # token size, spread and live ReLU units per layer
 
 The table gives, per variant, the accuracy and its change from the baseline of the same model and
 dataset, the final training loss (what "fit" means here), the energy columns (every layer
@@ -38,6 +41,7 @@ VARIANTS: dict[str, list[str]] = {
     "lr_3e-3": ["optim.lr=0.003"],
     "lr_2e-3": ["optim.lr=0.002"],
     "lr_3e-4": ["optim.lr=0.0003"],
+    "lr_3e-3_alpha_ffn_0.5": ["optim.lr=0.003", "model.alpha_ffn=0.5"],   # the FFN step keeps half of Y
     "warmup_0.02": ["optim.warmup=0.02"],
     "fixed_basis": ["model.learn_basis=false"],
 }
