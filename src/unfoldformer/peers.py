@@ -182,9 +182,9 @@ class CrateLayer(nn.Module):
         """MSSA(Z) (B, n, d): the heads [SSA_1 … SSA_K] concatenated, then the output map `out`."""
         B, n, d = z.shape
         w = self.u(z).view(B, n, self.heads, d // self.heads).transpose(1, 2)           # (B, H, n, p)
-        scores = (w @ w.transpose(-1, -2)) / math.sqrt(d // self.heads)                 # (B, H, n, n)
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        heads = torch.softmax(scores, dim=-1) @ w                                       # (B, H, n, p)
+        # softmax(w wᵀ/√p) w over real keys, by the fused kernel (no (B, H, n, n) matrix kept for backward)
+        heads = F.scaled_dot_product_attention(w, w, w, attn_mask=valid[:, None, None, :],
+                                               scale=1 / math.sqrt(d // self.heads))    # (B, H, n, p)
         return self.out(heads.transpose(1, 2).reshape(B, n, d))
 
     def forward(self, y: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
