@@ -154,9 +154,12 @@ def row(key: tuple[str, str, str], by_dataset: dict, datasets: list[str],
     joined = lambda cell: " / ".join(cell(recs) for recs in per_dataset)   # one value per dataset
     # the Energy Transformer's curve (no safeguard) counts as "never rises, safeguard off"
     never_rises = lambda r: _energy(r, "energy", "monotone_share") or _energy(r, "peer_energy", "monotone_share")
+    # CRATE's "every layer descends": every attention step lowers its coding rate R^c_ℓ
+    every_layer = lambda r: (_energy(r, "energy", "layer_descent_share")
+                             or _energy(r, "peer_energy", "every_layer_lowers_share"))
     cells += [joined(lambda r: na(never_rises(r))),
               joined(lambda r: na(_energy(r, "energy_safeguard", "monotone_share"))),
-              joined(lambda r: na(_energy(r, "energy", "layer_descent_share"))),
+              joined(lambda r: na(every_layer(r))),
               joined(lambda r: na(_energy(r, "energy_safeguard", "backtracked_layer_share"))),
               joined(lambda r: f"{statistics.mean(_values(r, 'safeguard_slowdown')):.1f}×"
                      if _values(r, "safeguard_slowdown") else "n/a")]
@@ -197,8 +200,9 @@ def render(records: list[dict], speed: dict | None = None) -> str:
                  "same optimiser and token budget for all models. \"tokens/s\": training throughput of the run "
                  "itself, which shared the 2 cores with other runs for most of its time, so these rates mix machine "
                  "load into model cost. \"speed vs standard (side by side)\": the standard Transformer's median "
-                 "training-step time / the model's, measured by `benchmarks/train_speed.py` with all four models "
-                 "stepping in turn in one process at the training length (B = 32); in the reduced tables, "
+                 "training-step time / the model's, measured by `benchmarks/train_speed.py` with the models "
+                 "stepping in turn in one process at the training length (B = 32; the peers in their own run "
+                 "with the certified models and the standard one); in the reduced tables, "
                  "\"speed vs standard\" is the ratio of the runs' tokens/s. \"every layer descends\": share "
                  "of evaluation samples for which each layer lowers its own energy, E_ℓ(Y⁽ℓ⁾) ≤ E_ℓ(Y⁽ℓ⁻¹⁾); "
                  "\"curve never rises\": share "
@@ -227,10 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", help="replace the block between the accuracy markers of this README")
     args = p.parse_args(argv)
     # written by `benchmarks/train_speed.py --json benchmarks/results/speed/train_speed.json` (and, with
-    # `--rho log lp truncated linear`, `.../train_speed_rho.json`)
+    # `--rho log lp truncated linear`, `.../train_speed_rho.json`; the peers' ratios from the run with
+    # `--variants certified-tied certified-untied standard energy-transformer crate`, `train_speed_peers_3.json`)
     speed = Path(args.results) / "speed"
     text = render(load_results(Path(args.results)),
-                  load_speed(speed / "train_speed.json", speed / "train_speed_rho.json"))
+                  load_speed(speed / "train_speed.json", speed / "train_speed_rho.json",
+                             speed / "train_speed_peers_3.json"))
     if args.readme:
         readme = Path(args.readme).read_text(encoding="utf-8")
         head, rest = readme.split(BEGIN, 1)
