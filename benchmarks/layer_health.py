@@ -46,9 +46,9 @@ def health(run_dir: Path, samples: int, data_dir: str | None) -> dict:
     Y, layers, blocks = X, [], model.encoder.layers
     for i in range(cfg.model_config().depth):                      # a tied model has one block, run depth times
         layer = blocks[i % len(blocks)]
-        after_attention = layer.attention(Y, X, mask)              # (B, n, d)
+        after_attention = layer.attention(Y, X, mask)              # (B, n, d), U of `UnfoldedLayer.forward`
         pre = after_attention @ layer.ffn.W1 + layer.ffn.b         # (B, n, m)
-        Y = layer(Y, X, mask)
+        Y = layer.ffn(after_attention, mask)                       # the layer's output, from the same U
         layers.append({"norm_after_attention": _mean_norm(after_attention, real),
                        "relu_active": (pre[real] > 0).float().mean().item(),
                        "norm_after_layer": _mean_norm(Y, real), "spread_after_layer": _spread(Y, real)})

@@ -33,23 +33,26 @@ RHO_NAMES = {"exp": "exp (softmax)", "log": "log(z + 2)", "lp": "ℓ_p (p = 1)",
              "linear": "z (uniform)"}
 
 
-def row_key(rec: dict) -> tuple[str, str, str]:
+RowKey = tuple[str, str, tuple[str, ...]]
+
+
+def row_key(rec: dict) -> RowKey:
     """(model, ρ, config changes of a study variant) of a result; files written before ρ was recorded are exp;
-    the default settings have no changes ("")."""
-    return rec["model"], rec.get("rho", "exp"), ", ".join(rec.get("settings") or [])
+    the default settings have no changes (())."""
+    return rec["model"], rec.get("rho", "exp"), tuple(rec.get("settings") or ())
 
 
-def row_name(key: tuple[str, str, str]) -> str:
+def row_name(key: RowKey) -> str:
     model, rho, changes = key
     name = NAMES[model] if rho == "exp" else f"{NAMES[model]}, ρ = {RHO_NAMES.get(rho, rho)}"
-    return f"{name}, {changes}" if changes else name
+    return ", ".join([name, *changes])
 
 
-def speed_key(key: tuple[str, str, str]) -> str | None:
+def speed_key(key: RowKey) -> str | None:
     """The key of a model in the side-by-side speed file (`train_speed.py`, with `--rho`); None for a
     variant that changes the model (only optimiser changes keep the step time of the default)."""
     model, rho, changes = key
-    if any(not c.startswith("optim.") for c in changes.split(", ") if c):
+    if any(not c.startswith("optim.") for c in changes):
         return None
     return model if rho == "exp" else f"{model}:{rho}"
 
@@ -114,7 +117,7 @@ def table(by_dataset: dict, speed: dict | None = None, every_rho: bool = False) 
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     present = {key for d in datasets for key in by_dataset[d]}
     if every_rho:
-        present |= {(model, rho, "") for model in RHO_MODELS for rho in RHO_NAMES}
+        present |= {(model, rho, ()) for model in RHO_MODELS for rho in RHO_NAMES}
     order = list(RHO_NAMES)
     for key in sorted(present, key=lambda k: (MODELS.index(k[0]), order.index(k[1]) if k[1] in order else len(order),
                                               k[1], k[2])):
@@ -130,7 +133,7 @@ def _energy(recs: list[dict], key: str, stat: str) -> list[float]:
     return [r[key][stat] for r in recs if r.get(key) and r[key].get(stat) is not None]
 
 
-def row(key: tuple[str, str, str], by_dataset: dict, datasets: list[str],
+def row(key: RowKey, by_dataset: dict, datasets: list[str],
         side_by_side: dict | None = None) -> list[str]:
     cells, per_dataset = [], []
     na = lambda values, **kw: mean_std(values, **kw) if values else "n/a"
@@ -142,7 +145,7 @@ def row(key: tuple[str, str, str], by_dataset: dict, datasets: list[str],
             cells += [mean_std(_values(recs, "accuracy_full_length")),
                       na(_values(recs, "accuracy_full_length_safeguard"))]
         speed = [r["tokens_per_s"] for r in recs]
-        base = [r["tokens_per_s"] for r in by_dataset[d].get(("standard", "exp", ""), [])]
+        base = [r["tokens_per_s"] for r in by_dataset[d].get(("standard", "exp", ()), [])]
         cells.append(f"{statistics.mean(speed):,.0f}" if speed else "–")
         length = recs[0]["eval_max_length"] if recs else None      # the training length of the cell
         side = (side_by_side or {}).get(length)

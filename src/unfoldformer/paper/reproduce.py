@@ -186,10 +186,8 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
             bar.update(1)
 
         theory, curves = _figures(cfg, inputs, emb, configs, out, tick)
-    for name in configs:                                          # the runs name their final folder
-        for spec, _ in configs[name]:
-            run = out / MODELS / f"{name}-{spec.name}"
-            record_final_location(run, Path(cfg.out).resolve() / MODELS / run.name)
+    for run in (Path(tcfg.run.out_dir) for pairs in configs.values() for _, tcfg in pairs):
+        record_final_location(run, Path(cfg.out).resolve() / MODELS / run.name)   # not the staging folder
     timings["cpu_time_all_processes"] = _cpu_time() - cpu0
     timings["total"] = time.perf_counter() - t0
     results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,
