@@ -1,4 +1,7 @@
-"""`SequenceClassifier`: token embeddings → (linear map) → encoder → masked mean pooling → linear head."""
+"""`SequenceClassifier`: token embeddings → (linear map) → encoder → masked mean pooling → linear head.
+
+An encoder with a `pool(hidden, padding_mask) -> (B, d)` method (CRATE, whose published readout pools
+before its final LayerNorm) pools its own way."""
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -56,4 +59,6 @@ class SequenceClassifier(nn.Module):
         if safeguard:
             options["safeguard"] = True
         out = self.encoder(x, padding_mask, **options)
-        return self.head(masked_mean(out.hidden, padding_mask)), out
+        pool = getattr(self.encoder, "pool", None)               # an encoder with its own readout (CRATE)
+        pooled = pool(out.hidden, padding_mask) if pool is not None else masked_mean(out.hidden, padding_mask)
+        return self.head(pooled), out

@@ -54,24 +54,26 @@ def energy_layer_norm(x: Tensor, gamma: Tensor, delta: Tensor, eps: float = _LN_
     return gamma * centred / torch.sqrt(centred.pow(2).mean(dim=-1, keepdim=True) + eps) + delta
 
 
-def _et_scores(g: Tensor, wq: Tensor, wk: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """q, k (B, H, n, k), the masked scores β k_Bᵀ q_C (B, H, n, n) (−inf off the allowed pairs B ≠ C,
-    both real) and the rows with at least one key (B, 1, n, 1)."""
+def _et_scores(g: Tensor, wq: Tensor, wk: Tensor, valid: Tensor,
+               self_pair: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """q, k (B, H, n, k), the masked scores β k_Bᵀ q_C (B, H, n, n) (−inf off the allowed pairs: both real,
+    and B ≠ C unless `self_pair`) and the rows with at least one key (B, 1, n, 1)."""
     q = torch.einsum("bnd,hkd->bhnk", g, wq)                      # (B, H, n, k)
     k = torch.einsum("bnd,hkd->bhnk", g, wk)                      # (B, H, n, k)
     beta = 1.0 / math.sqrt(wq.shape[1])
-    n = g.shape[1]
-    eye = torch.eye(n, dtype=torch.bool, device=g.device)
-    allowed = valid[:, None, :, None] & valid[:, None, None, :] & ~eye    # (B, 1, n, n)
+    allowed = valid[:, None, :, None] & valid[:, None, None, :]  # (B, 1, n, n)
+    if not self_pair:
+        allowed = allowed & ~torch.eye(g.shape[1], dtype=torch.bool, device=g.device)
     scores = (beta * q @ k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))   # (B, H, n, n)
     return q, k, scores, allowed.any(dim=-1, keepdim=True)
 
 
-def et_energy(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tensor) -> Tensor:
+def et_energy(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tensor, self_pair: bool = True) -> Tensor:
     """E(g) = E_att + E_hop per sample (B,) float64 (THEORY §8):
-    E_att = −(1/β) Σ_h Σ_C log Σ_{B≠C} exp(β k_hBᵀ q_hC), E_hop = −½ Σ_A Σ_μ ReLU(ξ_μᵀ g_A)², over real tokens.
-    g (B, n, d); wq, wk (H, k, d), β = 1/√k; xi (m, d); valid (B, n) True = real token."""
-    _, _, scores, has_keys = _et_scores(g, wq, wk, valid)
+    E_att = −(1/β) Σ_h Σ_C log Σ_B exp(β k_hBᵀ q_hC), E_hop = −½ Σ_A Σ_μ ReLU(ξ_μᵀ g_A)², over real tokens,
+    the key B = C included when `self_pair` (the published code) and left out otherwise (the paper's
+    equation, Σ_{B≠C}). g (B, n, d); wq, wk (H, k, d), β = 1/√k; xi (m, d); valid (B, n) True = real token."""
+    _, _, scores, has_keys = _et_scores(g, wq, wk, valid, self_pair)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)          # (B, H, n, 1), −inf on rows without keys
     lse = torch.where(has_keys, lse, torch.zeros_like(lse)).to(torch.float64)
     e_att = -math.sqrt(wq.shape[1]) * lse.sum(dim=(1, 2, 3))     # (B,)
@@ -80,11 +82,12 @@ def et_energy(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tensor) -> T
     return e_att + e_hop
 
 
-def et_gradient(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tensor) -> Tensor:
+def et_gradient(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tensor, self_pair: bool = True) -> Tensor:
     """∂E/∂g (B, n, d) in closed form: with P_hC· = softmax over allowed keys of β k_hBᵀ q_hC,
     ∂E/∂q_hC = −Σ_B P_hCB k_hB, ∂E/∂k_hB = −Σ_C P_hCB q_hC, ∂E_hop/∂g_A = −Σ_μ ξ_μ ReLU(ξ_μᵀ g_A);
-    ∂E/∂g_A = Σ_h (W_Q,hᵀ ∂E/∂q_hA + W_K,hᵀ ∂E/∂k_hA) + ∂E_hop/∂g_A. Zero on padded tokens."""
-    q, k, scores, has_keys = _et_scores(g, wq, wk, valid)
+    ∂E/∂g_A = Σ_h (W_Q,hᵀ ∂E/∂q_hA + W_K,hᵀ ∂E/∂k_hA) + ∂E_hop/∂g_A. Zero on padded tokens. With the
+    self pair, token A's own key enters both sums (the formulas are the same, P has its diagonal)."""
+    q, k, scores, has_keys = _et_scores(g, wq, wk, valid, self_pair)
     p = torch.where(has_keys, torch.softmax(scores, dim=-1), torch.zeros_like(scores))   # (B, H, n, n)
     dq = -(p @ k)                                                 # (B, H, n, k)
     dk = -(p.transpose(-1, -2) @ q)                               # (B, H, n, k)
@@ -95,7 +98,14 @@ def et_gradient(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tensor) ->
 
 class EnergyTransformer(nn.Module):
     """Energy Transformer encoder (THEORY §8): one block (LayerNorm γ, δ; W_Q, W_K (H, d/H, d); Hopfield
-    ξ (m, d), m = `ffn_hidden`) applied T = `depth` times: x ← x − α ∂E/∂g, g = LN(x), α = `energy_step`."""
+    ξ (m, d), m = `ffn_hidden`) applied T = `depth` times: x ← x − α ∂E/∂g, g = LN(x), α = `energy_step`.
+
+    `self_pair` (config) chooses the attention energy: True (the default) keeps the key B = C in
+    log Σ_B exp(β k_Bᵀ q_C), as the authors' published code does, so the peer rows race the model its
+    authors trained and reported; False is the paper's equation, Σ_{B≠C}. They are different functions
+    (the gradients differ by 12–22 % at our initial scale); both are exact energies with closed-form
+    gradients, and both fall along the continuous dynamics. Configs saved before the field existed
+    (version 0.2.0) ran without the self pair and load so."""
 
     def __init__(self, config: ModelConfig | None = None):
         super().__init__()
@@ -114,11 +124,11 @@ class EnergyTransformer(nn.Module):
 
     def energy(self, g: Tensor, valid: Tensor) -> Tensor:
         """E(g) per sample (B,) float64 (`et_energy` with this block's weights)."""
-        return et_energy(g, self.wq, self.wk, self.xi, valid)
+        return et_energy(g, self.wq, self.wk, self.xi, valid, self.config.self_pair)
 
     def gradient(self, g: Tensor, valid: Tensor) -> Tensor:
         """∂E/∂g (B, n, d) (`et_gradient` with this block's weights)."""
-        return et_gradient(g, self.wq, self.wk, self.xi, valid)
+        return et_gradient(g, self.wq, self.wk, self.xi, valid, self.config.self_pair)
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool | str = False,
                 safeguard: bool = False) -> EncoderOutput:
@@ -197,7 +207,13 @@ class CrateLayer(nn.Module):
 
 class Crate(nn.Module):
     """CRATE encoder (THEORY §8): `depth` `CrateLayer`s (width d, `n_heads` heads of width p = d/H,
-    ISTA η = `ista_step`, λ = `ista_lambda`) and a final LayerNorm."""
+    ISTA η = `ista_step`, λ = `ista_lambda`) and a final LayerNorm.
+
+    `readout` (config) places the final LayerNorm: `pool-norm` (the default, the published model) pools
+    the tokens first and normalises the pooled vector — then `hidden` holds the last layer's tokens
+    before the LayerNorm and `pool(hidden, padding_mask)` gives the normalised pooled vector; `norm-pool`
+    (what version 0.2.0 ran) normalises every token, `hidden` holds them, and `pool` is the masked mean.
+    The two are different functions (15–66 % apart on random inputs)."""
 
     def __init__(self, config: ModelConfig | None = None):
         super().__init__()
@@ -224,8 +240,16 @@ class Crate(nn.Module):
                     after.append(coding_rate(layer.norm1(y_mid), u, valid))
                 zeros = ((x.detach() == 0) & valid[..., None]).sum(dim=(1, 2)).to(torch.float64)   # (B,)
                 sparsity.append(zeros / (valid.sum(dim=1) * x.shape[-1]).clamp_min(1))
-        out = EncoderOutput(hidden=self.norm(x))
+        out = EncoderOutput(hidden=x if self.config.readout == "pool-norm" else self.norm(x))
         if return_energies:
             out.coding_rate_before, out.coding_rate_after = torch.stack(before, 1), torch.stack(after, 1)
             out.sparsity = torch.stack(sparsity, 1)
         return out
+
+    def pool(self, hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """The sequence vector (B, d) of `forward`'s `hidden` (B, n, d): the mean over real tokens, then
+        the final LayerNorm (`pool-norm`), or the mean of the normalised tokens (`norm-pool`)."""
+        from .classifier import masked_mean
+
+        pooled = masked_mean(hidden, padding_mask)                # (B, d)
+        return self.norm(pooled) if self.config.readout == "pool-norm" else pooled

@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import ModelConfig
+from ..config import PRESETS, ModelConfig, upgrade_peer_fields
 from ..data.datasets import EVAL_SPLITS, LABELLED_SPLITS
 from ..errors import ConfigError
 from ..runs import check_device, check_output_location
@@ -309,10 +309,13 @@ def _dotlist(args: list[str]) -> list[str]:
 
 def _upgrade(data: dict) -> dict:
     """Config dicts of version 0.1.0: `model.dropout` was written for every kind (it applies to the
-    standard kind only) and `model.safeguard*` were architecture fields (now run-time options)."""
+    standard kind only) and `model.safeguard*` were architecture fields (now run-time options); of
+    version 0.2.0 and older: the peers' `self_pair` / `readout` take the values those versions ran."""
     model = dict(data.get("model") or {})
     if model.get("kind", "certified-tied") != "standard" and model.get("dropout") == 0.0:
         model.pop("dropout")
     for key in ("safeguard", "safeguard_halvings"):
         model.pop(key, None)
+    preset = KIND_PRESETS.get(model.get("kind", "certified-tied"), (None,))[0]
+    model = upgrade_peer_fields(model, PRESETS[preset]["attention"] if preset else None)
     return {**data, "model": model} if "model" in data else data
