@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_TRAIN, assert_close, close_tol, default_dtype, random_inputs, rises
 from unfoldformer import ConfigError, Crate, EnergyTransformer, ModelConfig, build_encoder
 from unfoldformer import load as uf_load
-from unfoldformer.peers import coding_rate, et_energy
+from unfoldformer.peers import coding_rate, et_energy, et_gradient, et_gradient_fused
 from unfoldformer.train import TrainConfig, evaluate_checkpoint, train
 
 D64 = torch.float64
@@ -128,9 +128,50 @@ def test_et_default_is_the_published_formula_and_differs_from_the_papers_equatio
     assert min(gaps) > 0.01, gaps
 
 
+def _padding_cases(B=3, n=7):
+    """Masks (B, n): the second sample padded from token 5 on, one sample with a single real token, and
+    one with all but the last token padded (True = padding)."""
+    pad = torch.zeros(B, n, dtype=torch.bool)
+    pad[1, 5:] = True
+    pad[2, 1:] = True
+    pads = [pad, torch.ones(B, n, dtype=torch.bool)]
+    pads[1][:, -1] = False
+    return pads
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("self_pair", [True, False])
+def test_fused_et_gradient_and_energy_equal_the_explicit_ones(self_pair, dtype):
+    """The two fused passes give the closed-form gradient and the energy of the explicit (B, H, n, n) path,
+    with padding, a single real token and identical tokens; and the parameters' gradients through one ET
+    step (what training differentiates) agree too. Tolerance: both paths sum n terms of size ≤ the
+    largest |score| e^0 in `dtype`, so they agree to a few n·eps relative to the gradient's scale;
+    `close_tol` (64 eps × scale) covers n ≤ 7 with room."""
+    model = et_model(self_pair=self_pair)
+    model = model.to(dtype)
+    x, _ = random_inputs(seed=10, dtype=dtype)
+    x[0, 3:] = x[0, 2]                                             # identical tokens
+    for pad in _padding_cases():
+        g = model.norm(x)
+        fused, energy = et_gradient_fused(g, model.wq, model.wk, model.xi, ~pad, self_pair)
+        explicit = et_gradient(g, model.wq, model.wk, model.xi, ~pad, self_pair)
+        scale = float(explicit.detach().abs().max()) + 1
+        assert_close(fused.detach(), explicit.detach(), scale=scale)
+        want = et_energy(g.detach(), model.wq.detach(), model.wk.detach(), model.xi.detach(), ~pad, self_pair)
+        assert abs(energy.detach() - want).max() <= close_tol(dtype, float(want.abs().max()) + 1)
+        params = (model.wq, model.wk, model.xi, model.gamma, model.delta)
+        loss = lambda grad: (grad * torch.linspace(-1, 1, grad.numel(), dtype=dtype).view_as(grad)).sum()
+        for got, ref in zip(torch.autograd.grad(loss(fused), params, retain_graph=True),
+                            torch.autograd.grad(loss(explicit), params)):
+            assert_close(got, ref, scale=float(ref.abs().max()) + 1)
+        assert float(fused[pad].detach().abs().sum()) == 0.0          # padded tokens do not move
+
+
 @torch.no_grad()
-def test_et_energy_curve_is_the_energy_of_every_step():
+@pytest.mark.parametrize("fused", [True, False])
+def test_et_energy_curve_is_the_energy_of_every_step(fused):
     model = et_model(depth=3)
+    model.fused = fused
     x, pad = random_inputs(seed=3)
     out = model(x, pad, return_energies=True)
     assert out.energies.shape == (3, 4) and out.energies.dtype == D64
