@@ -27,7 +27,7 @@ import make_table as mt   # the accuracy table's loading and cell formatting (sa
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-FILES = ("README.md", "docs/results/accuracy.md", "docs/results/speed.md", "docs/results/rho.md",
+FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md", "docs/results/rho.md",
          "docs/results/fit-study.md", "docs/results/peers.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) \(python benchmarks/make_docs.py\) -->\n")
 
