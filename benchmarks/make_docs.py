@@ -23,13 +23,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import make_table as mt   # the accuracy table's loading and cell formatting (same folder)
+import make_table as mt  # the accuracy table's loading and cell formatting (same folder)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md", "docs/results/rho.md",
-         "docs/results/fit-study.md", "docs/results/peers.md")
-BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) \(python benchmarks/make_docs.py\) -->\n")
+FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md",
+         "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md")
+BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
+                   r"\(python benchmarks/make_docs.py\) -->\n")
 
 
 def _md(head: list[str], rows: list[list[str]]) -> str:
@@ -99,7 +100,7 @@ def rho_accuracy(results: Path) -> str:
         sub = {d: v for d, v in by_dataset.items() if d in has_rho}
         with_rho = {k[0] for d in sub for k in sub[d] if k[1] != "exp"}     # models trained with another ρ
         parts += [f"**{title}**", ""] + _budget_tables(sub, _speed(results) if budget == "full" else None,
-                                                       lambda k: k[0] in with_rho and not k[2])
+                                                       lambda k, m=frozenset(with_rho): k[0] in m and not k[2])
     return "\n".join(parts)
 
 
@@ -126,8 +127,8 @@ def headline(results: Path) -> str:
         if model == "certified-untied":
             unaided = mt._energy(recs, "energy", "layer_descent_share")
         else:
-            unaided = mt._energy(recs, "energy", "monotone_share") or mt._energy(recs, "peer_energy", "monotone_share") \
-                or mt._energy(recs, "peer_energy", "every_layer_lowers_share")
+            unaided = (mt._energy(recs, "energy", "monotone_share") or mt._energy(recs, "peer_energy", "monotone_share")
+                       or mt._energy(recs, "peer_energy", "every_layer_lowers_share"))
         guarded = mt._energy(recs, "energy_safeguard", "layer_descent_share" if model == "certified-untied"
                              else "monotone_share")
         speed = f"{ratio(model, '64'):.2f}× / {ratio(model, '256'):.2f}×" if model in side["64"] else "–"
