@@ -44,6 +44,15 @@ def _speed(results: Path) -> dict | None:
     return mt.load_speed(s / "train_speed.json", s / "train_speed_rho.json", s / "train_speed_peers_3.json")
 
 
+def _name(key: mt.RowKey) -> str:
+    """The row's name, its config changes in words ("optim.lr=0.003" -> "lr 3e-3")."""
+    words = {"optim.lr": lambda v: f"lr {float(v):.0e}".replace("e-0", "e-"),
+             "model.ffn_hidden": lambda v: f"FFN width {int(v):,}"}
+    model, rho, changes = key
+    said = [words[k](v) if k in words else f"{k} = {v}" for k, _, v in (c.partition("=") for c in changes)]
+    return mt.row_name((model, rho, ())) + "".join(f", {s}" for s in said)
+
+
 def _order(key: mt.RowKey) -> tuple:
     model, rho, changes = key
     rhos = list(mt.RHO_NAMES)
@@ -63,9 +72,9 @@ def _budget_tables(by_dataset: dict, speed: dict | None, keep: Callable[[mt.RowK
         if d == "imdb":
             head += ["full length (%)", "full length, safeguard on (%)"]
         head += ["training tokens/s", "speed vs standard"]
-        out += [f"*{mt.DATASET_NAMES[d]}: accuracy and speed*", "", _md(head, [[mt.row_name(k)] + cells[k][:n_acc]
+        out += [f"*{mt.DATASET_NAMES[d]}: accuracy and speed*", "", _md(head, [[_name(k)] + cells[k][:n_acc]
                                                                             for k in keys])]
-        rows = [[mt.row_name(k)] + cells[k][n_acc:] for k in keys]
+        rows = [[_name(k)] + cells[k][n_acc:] for k in keys]
         rows = [r for r in rows if any(c not in ("n/a", "–") for c in r[1:])]   # models with something to descend
         if rows:
             out += [f"*{mt.DATASET_NAMES[d]}: descent*", "",
