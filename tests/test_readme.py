@@ -35,3 +35,10 @@ def test_readme_quickstart_runs_as_written(sst2_dir, tmp_path, monkeypatch):
     assert namespace["out"].energies.shape == (4, 7) and namespace["predictor"].unfolded
     p = namespace["p"]
     assert p.never_rises is True and len(p.energies) == namespace["predictor"].model.encoder.config.depth + 1
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_command_verbatim():
+    blocks = re.findall(r"```bash\n(.*?)\n```", (REPO_ROOT / "README.md").read_text(), re.S)
+    assert blocks[:2] == ['pip install torch==2.13.0 -e ".[pretrained]" && unfoldformer reproduce --quick',
+                          'pip install torch==2.13.0 -e ".[dev]" && python -m pytest']
+    assert blocks[1] in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
