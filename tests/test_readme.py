@@ -42,3 +42,7 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_command_verbati
     assert blocks[:2] == ['pip install torch==2.13.0 -e ".[pretrained]" && unfoldformer reproduce --quick',
                           'pip install torch==2.13.0 -e ".[dev]" && python -m pytest']
     assert blocks[1] in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_readme_is_a_front_door_of_at_most_250_lines():
+    assert len((REPO_ROOT / "README.md").read_text().splitlines()) <= 250
