@@ -39,6 +39,7 @@ from .config import ModelConfig
 from .descent import descent_tolerance, lowered
 from .energy import check_dtype, check_states
 from .errors import ConfigError
+from .hub import PretrainedMixin
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
@@ -182,7 +183,7 @@ class _ModuleStack:
 _DETAIL = {None: None, False: None, True: "curve", "curve": "curve", "steps": "steps"}
 
 
-class UnfoldedTransformer(nn.Module):
+class UnfoldedTransformer(PretrainedMixin, nn.Module):
     """A Transformer whose layers are descent steps on an explicit energy (THEORY §3)."""
 
     def __init__(self, config: ModelConfig, *, layers: list[nn.Module] | None = None):
