@@ -66,7 +66,7 @@ def test_energies_on_request_and_the_safeguard_curve_never_rises():
     x, pad = random_inputs(seed=3, B=4, n=7, d=8, scale=3.0)
     out = enc(x, src_key_padding_mask=pad, return_energies=True)
     assert out.energies.shape == (4, 7) and out.energies.dtype == D64
-    assert_close(out.energies[:, 0].detach(), layer.energy(x, x, pad).detach())       # E(Y⁽⁰⁾) of the layer, anchored at X
+    assert_close(out.energies[:, 0].detach(), layer.energy(x, x, pad).detach())   # E(Y⁽⁰⁾), anchored at X
     safe = enc(x, src_key_padding_mask=pad, return_energies=True, safeguard=True)
     assert not rises(safe.energies[:, :-1], safe.energies[:, 1:]).any()
     assert torch.is_tensor(enc(x, src_key_padding_mask=pad, safeguard=True))   # a tensor unless energies asked

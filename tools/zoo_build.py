@@ -58,7 +58,8 @@ def check_subset(predictor, examples) -> dict:
 
 
 def render_card(card: dict) -> str:
-    s, r = card["subset"], card["run"]
+    s, r, d = card["subset"], card["run"], card["data"]
+    sha = d["embedding_sha256"][:12]
     curve = ", ".join(f"{v:.2f}" for v in s["energy"]["mean_per_token_curve"])
     return f"""# {card['name']}
 
@@ -66,8 +67,8 @@ def render_card(card: dict) -> str:
 
 | item | value |
 |---|---|
-| data | {card['data']['dataset']} ({card['data']['train_examples']} training examples, max_length {card['data']['max_length']}) |
-| embeddings | {card['data']['embeddings']} (not shipped: rebuilt from `{card['data']['embedding_package']}`, sha256 {card['data']['embedding_sha256'][:12]}…) |
+| data | {d['dataset']} ({d['train_examples']} training examples, max_length {d['max_length']}) |
+| embeddings | {d['embeddings']} (not shipped: rebuilt from `{d['embedding_package']}`, sha256 {sha}…) |
 | model | {card['model']['kind']}: {card['model']['summary']} |
 | parameters stored | {card['model']['stored_parameters']} ({card['size_bytes']} bytes) |
 | run accuracy | {r['accuracy']:.4f} on {r['eval_examples']} {r['eval_split']} examples |
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
     best = json.loads((args.run / "best.json").read_text())
     summary = json.loads((args.run / "summary.json").read_text())
     split, idx, examples = subset_examples(cfg.data.dataset, args.subset, cfg.data.data_dir)
+    n_split = len(load_dataset(cfg.data.dataset, split, cfg.data.data_dir))
     check = check_subset(uf.load(out), examples)
     size = sum(f.stat().st_size for f in out.iterdir() if f.name in ("model.safetensors", "config.json"))
     stored = sum(v.numel() for k, v in predictor.model.state_dict().items() if k != "embedding.weight")
@@ -127,8 +129,8 @@ def main(argv=None) -> int:
                 "eval_examples": best["metrics"]["eval_n"], "run_id": summary.get("run_id"),
                 "steps": summary.get("steps"), "train_loss": best["metrics"]["train_loss"],
                 "train_time_s": best["metrics"]["train_time_s"]},
-        "subset": {"split": split, "examples": len(examples), "rule": f"seeded_subset({len(load_dataset(cfg.data.dataset, split, cfg.data.data_dir))}, {args.subset}) of the {split} split",
-                   "indices_head": idx[:5], **check},
+        "subset": {"split": split, "examples": len(examples), "indices_head": idx[:5],
+                   "rule": f"seeded_subset({n_split}, {args.subset}) of the {split} split", **check},
         "commit": args.commit, "size_bytes": size, "library_version": uf.__version__,
     }
     if size > args.max_bytes:
