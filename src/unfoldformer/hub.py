@@ -71,7 +71,7 @@ def resolve_folder(source: str | os.PathLike, *, revision: str | None = None, to
                                   allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, "card.json", "*.md"])
     except Exception as exc:  # offline, not found, gated, network: huggingface_hub's own error types
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PretrainedError(f"{name}: not a local folder, and the Hub repo could not be fetched "
+        raise PretrainedError(f"{name}: no such local folder or file, and no Hub repo of that name could be fetched "
                               f"({type(exc).__name__}: {detail})") from exc
     return Path(local)
 
