@@ -2,6 +2,8 @@
 
     import unfoldformer as uf
     predictor = uf.load("runs/sst2")                       # a run folder, .safetensors or checkpoint.pt
+    predictor = uf.load("sst2-certified-tied")             # a zoo model (`unfoldformer zoo`), offline
+    predictor.save_pretrained("my-classifier")             # a pretrained folder (`hub.py`); uf.load reads it
     for p in predictor(["a gripping, beautiful film", "dull and far too long"]):
         print(p.label_name, p.probabilities, p.energies)   # energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
 
@@ -73,6 +75,16 @@ class Predictor:
 
     __call__ = predict
 
+    def save_pretrained(self, folder) -> Path:
+        """This classifier as a pretrained folder (model.safetensors + config.json, `hub.py`); returns it."""
+        from .hub import save_predictor
+        return save_predictor(self, folder)
+
+    @classmethod
+    def from_pretrained(cls, source, **kwargs) -> Predictor:
+        """`load(source, **kwargs)`: a pretrained folder, zoo model name or Hub repo id (or a run)."""
+        return load(source, **kwargs)
+
     def _batch(self, texts: list[str], energies: bool, safeguard: bool) -> list[Prediction]:
         enc = self.embeddings.encode(texts, self.max_length)
         ids, mask = enc.ids, enc.padding_mask
@@ -100,7 +112,8 @@ def _label_name(label: int, n_classes: int) -> str:
 
 
 def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: int | None = -1) -> Predictor:
-    """A `Predictor` for a run folder (its best weights), a `.safetensors` file or a `checkpoint.pt`.
+    """A `Predictor` for a run folder (its best weights), a `.safetensors` file, a `checkpoint.pt`, a
+    pretrained folder (`Predictor.save_pretrained`), a zoo model's name or a Hub repo id ("owner/name").
 
     `max_length`: truncation of the inputs (default -1: the training length; None: full length).
     `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings)."""
@@ -109,6 +122,10 @@ def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: in
 
     if max_length != -1:
         check_at_least("max_length", max_length, optional=True)
-    loaded = load_classifier(path, data_dir=None if data_dir is None else str(data_dir))
+    from .hub import classifier_source
+    loaded = load_classifier(classifier_source(path), data_dir=None if data_dir is None else str(data_dir))
     length = loaded.config.data.max_length if max_length == -1 else max_length
-    return Predictor(loaded.model, loaded.embeddings, length, loaded.config, loaded.path, loaded.info.get("integrity"))
+    predictor = Predictor(loaded.model, loaded.embeddings, length, loaded.config, loaded.path,
+                          loaded.info.get("integrity"))
+    predictor.info = loaded.info                               # run id, metrics: kept by save_pretrained
+    return predictor

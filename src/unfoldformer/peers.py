@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .energy import check_dtype, check_states
 from .errors import ConfigError
+from .hub import PretrainedMixin
 from .model import EncoderOutput
 
 __all__ = ["CODING_RATE_EPS", "Crate", "EnergyTransformer", "coding_rate", "energy_layer_norm", "et_energy",
@@ -139,7 +140,7 @@ def et_gradient_fused(g: Tensor, wq: Tensor, wk: Tensor, xi: Tensor, valid: Tens
     return grad - hidden @ xi, e_att + e_hop
 
 
-class EnergyTransformer(nn.Module):
+class EnergyTransformer(PretrainedMixin, nn.Module):
     """Energy Transformer encoder (THEORY §8): one block (LayerNorm γ, δ; W_Q, W_K (H, d/H, d); Hopfield
     ξ (m, d), m = `ffn_hidden`) applied T = `depth` times: x ← x − α ∂E/∂g, g = LN(x), α = `energy_step`.
 
@@ -257,7 +258,7 @@ class CrateLayer(nn.Module):
         return ista_step(self.norm2(y), self.dictionary, self.eta, self.lam), z, y
 
 
-class Crate(nn.Module):
+class Crate(PretrainedMixin, nn.Module):
     """CRATE encoder (THEORY §8): `depth` `CrateLayer`s (width d, `n_heads` heads of width p = d/H,
     ISTA η = `ista_step`, λ = `ista_lambda`) and a final LayerNorm.
 

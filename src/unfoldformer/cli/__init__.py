@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "train": "train a classifier (certified, paper or standard Transformer)",
     "evaluate": "evaluate a saved checkpoint: accuracy and energy curves",
     "predict": "labels, probabilities and energy curves of a trained classifier for new texts",
+    "zoo": "list the trained classifiers shipped with the package",
 }
 
 

@@ -122,9 +122,10 @@ def restore_model_state(model: nn.Module, state: dict, cfg: TrainConfig, where: 
 WEIGHTS_FORMAT = "unfoldformer-weights"
 
 
-def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, embedding_sha: str | None = None) -> None:
+def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, embedding_sha: str | None = None,
+                 sidecar: bool = True) -> None:
     """Weights as safetensors (config, `meta` and the checksums of every tensor and of the metadata in
-    its metadata) plus a JSON sidecar `path.json`."""
+    its metadata) plus (`sidecar`) a JSON sidecar `path.json`."""
     from safetensors.torch import save
     sha = embedding_sha or table_sha256(_unwrap(model).embedding.weight)
     info = {"config": cfg.to_dict(), "embedding_sha256": sha, **meta}
@@ -134,7 +135,8 @@ def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, emb
     checksums["<info>"] = hashlib.sha256(text.encode()).hexdigest()
     metadata = {"format": WEIGHTS_FORMAT, "info": text, "checksums": json.dumps(checksums)}
     atomic_write_bytes(path, save(state, metadata=metadata))
-    write_json(path.with_suffix(".json"), info)
+    if sidecar:
+        write_json(path.with_suffix(".json"), info)
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig, dict]:
