@@ -181,9 +181,11 @@ def test_run_writes_outputs_and_learns(trained_run):
         assert (out / name).is_file(), name
     saved = json.loads((out / "config.json").read_text())
     assert saved["resolved"]["model"]["tied"] is True and saved["resolved"]["train_examples"] == 400
-    assert TrainConfig.from_dict(saved).to_dict() == cfg.to_dict()
+    assert TrainConfig.from_dict(saved).to_dict() == cfg.replace(model__n_classes=2).to_dict()   # set from the data
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [25, 50] and len((out / "metrics.csv").read_text().splitlines()) == 3
+    table = (out / "metrics.csv").read_text().splitlines()
+    assert [r["step"] for r in rows] == [25, 50] and [line.split(",")[:2] for line in table if line.startswith("eval")] \
+        == [["eval", "25"], ["eval", "50"]] and sum(line.startswith("step,") for line in table) == 5   # log_every 10
     assert summary["best"]["eval_accuracy"] >= 0.7 and "energy_monotone_share" not in rows[-1]   # energies: evaluate
     assert not list(out.glob(".*.tmp"))                            # no temporary files left behind
 
