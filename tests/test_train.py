@@ -184,8 +184,9 @@ def test_run_writes_outputs_and_learns(trained_run):
     assert TrainConfig.from_dict(saved).to_dict() == cfg.replace(model__n_classes=2).to_dict()   # set from the data
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     table = (out / "metrics.csv").read_text().splitlines()
-    assert [r["step"] for r in rows] == [25, 50] and [line.split(",")[:2] for line in table if line.startswith("eval")] \
-        == [["eval", "25"], ["eval", "50"]] and sum(line.startswith("step,") for line in table) == 5   # log_every 10
+    assert [r["step"] for r in rows] == [25, 50]
+    assert [line.split(",")[:2] for line in table if line.startswith("eval")] == [["eval", "25"], ["eval", "50"]]
+    assert sum(line.startswith("step,") for line in table) == 5                         # run.log_every 10
     assert summary["best"]["eval_accuracy"] >= 0.7 and "energy_monotone_share" not in rows[-1]   # energies: evaluate
     assert not list(out.glob(".*.tmp"))                            # no temporary files left behind
 
