@@ -339,3 +339,20 @@ def test_energies_per_token_divide_by_real_tokens():
     unpadded = model(x, None, return_energies=True)
     assert torch.equal(unpadded.energies_per_token(None), unpadded.energies / 5.0)
     assert model(x, pad).energies_per_token(pad) is None
+
+
+def test_metrics_log_without_tensorboard_writes_the_csv(tmp_path, monkeypatch):
+    """`tensorboard` absent: one note, no TensorBoard folder, metrics.csv still rewritten then appended."""
+    import sys
+
+    from unfoldformer.train.watch import COLUMNS, MetricsLog
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)      # import now raises ImportError
+    notes = []
+    log = MetricsLog(tmp_path, tensorboard=True, start_step=0, note=notes.append)
+    log.rewrite([{"step": 2, "loss": 1.5}], [{"step": 2, "eval_accuracy": 0.5}])
+    log.add({"step": 4, "loss": 1.25, "lr": 1e-3}, "step")
+    log.close()
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines[0] == ",".join(COLUMNS) and [line.split(",")[:2] for line in lines[1:]] == [
+        ["step", "2"], ["eval", "2"], ["step", "4"]]
+    assert len(notes) == 1 and "TensorBoard is not installed" in notes[0] and not (tmp_path / "tensorboard").exists()

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
-from ..runs import folder_lock, new_run_id, resolve_device
+from ..runs import folder_lock, new_run_id
 from ..utils import atomic_write_text, environment, write_json
 from .build import (
     _seed_all,
@@ -56,6 +55,7 @@ from .checkpoint import (
     weights_sha256,
 )
 from .config import ConfigError, TrainConfig
+from .distributed import DistInfo, setup_distributed
 from .evaluate import EvalSums, encoder_depth, evaluate, in_training_eval_batches
 from .figures import FIGURES, plot_run
 from .watch import MetricsLog, curve_statistics, grad_norm
@@ -70,36 +70,6 @@ RUN_FILES = ("config.json", "checkpoint.pt", "best.safetensors", "best.json", "l
 class TrainingDivergedError(UnfoldformerError, FloatingPointError):
     """Training produced a non-finite loss or non-finite weights (the message names the step and the
     last checkpoint)."""
-
-
-@dataclass
-class DistInfo:
-    """This process's place in a (possibly single-process) run."""
-
-    rank: int = 0
-    world: int = 1
-    local_world: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(cfg: TrainConfig) -> DistInfo:
-    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start gloo (CPU) or nccl (GPU) when WORLD_SIZE > 1."""
-    import torch.distributed as dist
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(resolve_device(cfg.run.device))
-    cuda = device.type == "cuda"
-    if cuda and device.index is None:
-        device = torch.device(f"cuda:{local_rank}")
-    if cuda:
-        torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    return DistInfo(rank, world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))), device)
 
 
 def _log(message: str) -> None:
