@@ -289,6 +289,10 @@ def test_resume_after_sigkill_is_bitwise_identical(sst2_dir, tmp_path):
     strip = lambda p: [{k: v for k, v in json.loads(line).items() if "time" not in k and "per_s" not in k
                         and k != "run_id"} for line in p.read_text().splitlines()]
     assert strip(killed / "metrics.jsonl") == strip(tmp_path / "straight" / "metrics.jsonl")
+    # metrics.csv is cut back to the checkpoint on resume: its per-step rows (loss, lr, gradient norm, energy
+    # statistics: no times) are those of the straight run, each step once
+    steps = lambda p: [line for line in (p / "metrics.csv").read_text().splitlines() if line.startswith("step,")]  # noqa: E731
+    assert steps(killed) == steps(tmp_path / "straight") and len(steps(killed)) == 10      # 100 steps, log_every 10
     # the resumed run is the same run: one run id in every row, in config.json and in the weights
     run_ids = {json.loads(line)["run_id"] for line in (killed / "metrics.jsonl").read_text().splitlines()}
     saved = json.loads((killed / "config.json").read_text())["resolved"]["run_id"]
