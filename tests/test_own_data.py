@@ -356,3 +356,11 @@ def test_metrics_log_without_tensorboard_writes_the_csv(tmp_path, monkeypatch):
     assert lines[0] == ",".join(COLUMNS) and [line.split(",")[:2] for line in lines[1:]] == [
         ["step", "2"], ["eval", "2"], ["step", "4"]]
     assert len(notes) == 1 and "TensorBoard is not installed" in notes[0] and not (tmp_path / "tensorboard").exists()
+
+
+def test_file_paths_are_stored_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig().with_overrides(["--data.train_file", "n.csv", "--data.eval_file", "~/e.csv"])
+    assert cfg.data.dataset == "files" and cfg.data.train_file == str(tmp_path / "n.csv")
+    assert cfg.data.eval_file == str(__import__("pathlib").Path.home() / "e.csv")
+    assert TrainConfig.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()

@@ -292,7 +292,8 @@ def load_classifier(path: str | Path, data_dir: str | None = None) -> LoadedClas
     check_same_run(path, info.get("run_id"))
     if data_dir is not None:
         cfg = cfg.replace(data__data_dir=str(data_dir))
-    cfg.validate(check_data=cfg.data.embeddings != "minilm")    # only data-built vocabularies read the data
+    spec = cfg.data.embeddings
+    cfg.validate(check_data=spec.startswith("glove:") or spec == "random")   # only data-built vocabularies read data
     embeddings = load_embeddings_for(cfg)
     model = build_classifier(cfg, embeddings)
     if not cfg.model.trainable_embeddings:

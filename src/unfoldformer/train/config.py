@@ -338,6 +338,9 @@ def _merge(*sources) -> TrainConfig:
         raise ConfigError(f"{key}: {message}" if key else message) from None
     if cfg.data.train_file is not None and cfg.data.dataset == "sst2":    # the default: your files replace it
         cfg.data.dataset = "files"
+    for name in ("train_file", "eval_file"):                 # absolute, so a saved run finds them from anywhere
+        if getattr(cfg.data, name) is not None:
+            setattr(cfg.data, name, str(Path(getattr(cfg.data, name)).expanduser().absolute()))
     return cfg
 
 
