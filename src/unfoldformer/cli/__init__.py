@@ -50,7 +50,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def add_device_argument(parser: argparse.ArgumentParser, cpu_only: bool = False) -> None:
     """`--device auto|cpu|cuda|mps` (also cuda:N), the same on every command that runs a model."""
-    extra = "; this command computes on the CPU (auto: cpu)" if cpu_only else ""
+    extra = "; this command is not implemented for cuda / mps and refuses them" if cpu_only else ""
     parser.add_argument("--device", default="auto", metavar="DEVICE",
                         help=f"auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps (default auto){extra}")
 
@@ -62,7 +62,8 @@ def check_device_option(args: argparse.Namespace, command: str | None = None) ->
     from ..runs import check_device, resolve_device
     check_device("--device", args.device)
     if command is not None and args.device not in ("auto", "cpu"):
-        raise ConfigError(f"--device={args.device!r}: {command} computes on the CPU only; use --device cpu (or auto)")
+        raise ConfigError(f"--device={args.device!r}: {command} computes on the CPU only (it is not implemented "
+                          "for cuda / mps); use --device cpu or auto")
     return "cpu" if command is not None else resolve_device(args.device)
 
 
