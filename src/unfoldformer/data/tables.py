@@ -9,9 +9,10 @@ evaluation file, holds out a seeded share of the training rows.
 Reading library: the standard library's :mod:`csv` and :mod:`json` for the text formats, and
 `pyarrow <https://arrow.apache.org>`_ for Parquet and for ``save_to_disk`` folders (Arrow IPC
 streams; the ``datasets`` package itself is not needed to read them). Why: the text formats are
-read line by line, so every error names the file, the row and the column exactly (pandas reports
-neither the row of an unreadable byte nor keeps a label column's type as written); a text is kept
-byte for byte, with no type guessing (a CSV field ``1.0`` is not turned into a number); and pyarrow
+read record by record, so every error names the file, the row and the column exactly (pandas reports
+an unreadable byte by its offset, not its row, and guesses column types unless told not to); a text
+is kept as written, with no type guessing (a CSV field ``1.0`` is not turned into a number); pandas
+would add a large dependency for two columns; and pyarrow
 is the one maintained reader of Parquet and of the Arrow files ``datasets`` saves, without the
 download and cache machinery of ``datasets.load_dataset``. pyarrow is the optional dependency
 group ``data`` (``pip install unfoldformer[data]``); CSV, TSV and JSON need nothing extra.
