@@ -113,6 +113,16 @@ class EncoderOutput:
     coding_rate_after: Tensor | None = None
     sparsity: Tensor | None = None
 
+    def energies_per_token(self, padding_mask: Tensor | None = None) -> Tensor | None:
+        """(B, depth + 1) float64: `energies` / n, n = each sample's real tokens (`padding_mask` (B, n), True
+        marks padding; None: all n tokens are real); None without energies. E sums over tokens, so E/n
+        compares texts of different lengths."""
+        if self.energies is None:
+            return None
+        n = (torch.full(self.energies.shape[:1], self.hidden.shape[1], device=self.energies.device)
+             if padding_mask is None else (~padding_mask).sum(1).to(self.energies.device))   # (B,)
+        return self.energies / n.to(torch.float64).clamp_min(1.0)[:, None]
+
 
 @dataclass
 class _Step:
