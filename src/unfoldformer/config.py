@@ -26,6 +26,7 @@ import math
 import typing
 from dataclasses import dataclass
 
+from .contracts import check_positive, check_step
 from .errors import ConfigError
 from .rho import RHO_FAMILY, get_rho
 
@@ -206,9 +207,8 @@ class ModelConfig:
         if self.rho is not None and self.rho not in RHO_FAMILY:
             raise ConfigError(f"unknown rho {self.rho!r}; valid: {', '.join(RHO_FAMILY)}")
         for name in ("anchor_weight", "alpha_attention", "alpha_ffn", "energy_step", "ista_step"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         if self.spectrum_bound is not None and not 0 < self.spectrum_bound < 1:
             raise ConfigError(f"spectrum_bound must lie in (0, 1) for a bounded-below F1 energy, "
                               f"got {self.spectrum_bound}")
@@ -235,21 +235,11 @@ class ModelConfig:
             self._check_certified()
 
     def _check_certified(self) -> None:
-        a, f = self.alpha_attention, self.alpha_ffn
-        rho = get_rho(self.rho)
-        if self.attention == "anchored" and not 0 < a <= 1:
-            raise ConfigError(f"alpha_attention={a} is outside the certified range (0, 1] of anchored "
-                              "attention (THEORY §3.3)")
-        if self.attention == "metric" and not (0 < a <= 1 or (rho.psd_kernel and 0 < a < 2)):
-            rng = "(0, 2) for a PSD kernel" if rho.psd_kernel else "(0, 1]"
-            raise ConfigError(f"alpha_attention={a} is outside the certified range {rng} of Theorem A "
-                              f"(rho={rho.name}, THEORY §3.1)")
-        if self.ffn == "tied" and not 0 < f < 2:
-            raise ConfigError(f"alpha_ffn={f} is outside the certified range (0, 2) of the tied FFN "
-                              "(THEORY §3.4, F2)")
-        if self.ffn == "symmetric" and not 0 < f <= 1:
-            raise ConfigError(f"alpha_ffn (η)={f} is outside the certified range (0, 1] of the symmetric FFN "
-                              "with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)")
+        """Step sizes inside their certified ranges: the checker (and message) the step functions use."""
+        if self.attention in ("anchored", "metric"):
+            check_step("alpha_attention", self.alpha_attention, self.attention, get_rho(self.rho))
+        if self.ffn in ("tied", "symmetric"):
+            check_step("alpha_ffn", self.alpha_ffn, self.ffn)
 
 
 def _architecture_fields() -> tuple[str, ...]:

@@ -65,7 +65,7 @@ class AnchoredAttention(nn.Module):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return anchored_attention_step(Y, X, self.log_scale.exp(), self.lam, self.rho,
-                                       self.alpha * scale, padding_mask, self.subspaces())
+                                       self.alpha * scale, padding_mask, self.subspaces(), certified=False)
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         return (E.attention_energy(Y, self.factors(), self.rho, padding_mask)
@@ -99,7 +99,7 @@ class MetricAttention(nn.Module):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return attention_step(Y, self.factors(), self.rho, self.alpha * scale, padding_mask,
-                              self.subspaces())
+                              self.subspaces(), certified=False)   # ModelConfig checked α when certified
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.attention_energy(Y, self.factors(), self.rho, padding_mask)
@@ -151,7 +151,7 @@ class SymmetricFFN(nn.Module):
         return self.parametrizations.W_F.original
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask)
+        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask, certified=False)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.symmetric_ffn_energy(Y, self.W_F, self.b, padding_mask)
@@ -167,11 +167,12 @@ class TiedFFN(nn.Module):
         self.b = nn.Parameter(torch.zeros(hidden))
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask)
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, certified=False)
 
     def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
         """The step and E_H at its input from one shared ReLU(Y W1 + 1b)."""
-        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True)
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True,
+                             certified=False)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)
