@@ -4,7 +4,9 @@
 
 RUN is a run folder (its best weights), a `.safetensors` file or a `checkpoint.pt`. Texts come
 from `--text` (repeatable), `--file` (one text per line; `-` reads standard input), or both.
-Prints one line per text (label, probabilities, energy curve), or JSON with `--json`.
+Prints one line per text (label, probabilities, energy curve), or JSON with `--json`; a NaN or
+infinite probability or energy is refused (exit 2, naming the text). Weights without checksums
+need their run folder's manifest or `--trust-unverified`.
 """
 from __future__ import annotations
 
@@ -25,11 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-energies", action="store_true", help="skip the energy curves")
     parser.add_argument("--full-length", action="store_true", help="no truncation (default: the training length)")
     parser.add_argument("--data-dir", help="data folder (vocabularies built from data: random / GloVe embeddings)")
+    parser.add_argument("--trust-unverified", action="store_true",
+                        help="read weights without checksums that no run-folder manifest vouches for")
 
 
 def read_texts(args: argparse.Namespace) -> list[str]:
     texts = list(args.text)
-    if args.file:
+    if args.file is not None:
+        if not args.file.strip():
+            raise ConfigError("--file is empty; give a file name, or - for standard input")
         try:
             lines = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -44,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from ..inference import load
 
     texts = read_texts(args)
-    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1)
+    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1,
+                     trust_unverified=args.trust_unverified)
     predictions = predictor(texts, energies=not args.no_energies, safeguard=args.safeguard)
     if args.json:
         print(json.dumps([p.to_dict() for p in predictions], indent=2))
