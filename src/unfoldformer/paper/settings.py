@@ -5,6 +5,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from ..contracts import check_path_given, check_seed
 from ..errors import ConfigError
 
 __all__ = ["DATASET_FIGURE", "FIGURE_DATASET", "FIGURE_FILES", "MODES", "RELEASED_DEFECTS", "ReproduceSettings",
@@ -105,6 +106,10 @@ class ReproduceSettings:
         for key in ("samples", "train_examples", "train_epochs", "threads", "accuracy_samples"):
             if options.get(key) is not None and options[key] < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {options[key]}")
+        if options.get("seed") is not None:
+            check_seed("--seed", options["seed"])
+        for key in ("out", "data_dir", "embeddings"):
+            check_path_given(f"--{key.replace('_', '-')}", options.get(key))
         accuracy, train = options.pop("accuracy_samples", None), options.pop("train_examples", None)
         if accuracy is not None:
             values["imdb_accuracy_samples"] = values["sst2_accuracy_samples"] = accuracy

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..data import EVAL_SPLITS
+from ..contracts import check_path_given, check_seed
 from ..errors import ConfigError
 from ..rho import BUILT_IN, RHO_FAMILY, Rho, register_rho
 
@@ -67,6 +68,9 @@ class RhoStudySettings:
         for name in ("samples", "threads", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_seed("seed", self.seed)
+        for name in ("out", "data_dir", "results_dir", "runs_dir"):
+            check_path_given(name, getattr(self, name))
         if self.samples < 4:
             raise ConfigError(f"samples must be >= 4 (bootstrap intervals need a few sentences), got {self.samples}")
 
