@@ -340,11 +340,10 @@ def load_classifier(path: str | Path, data_dir: str | None = None, *, trust_unve
     path = Path(path)
     if path.is_dir():
         path = path / "best.safetensors"
-    if path.is_file():
-        verify_manifest(path.parent)
-    state, cfg, info = load_weights(path, trust_unverified=trust_unverified)
-    check_same_run(path, info.get("run_id"))
-    check_folder_config(path, cfg)
+    state, cfg, info = load_weights(path, trust_unverified=trust_unverified)   # the most specific checks first:
+    check_same_run(path, info.get("run_id"))                       # the tensor, the run, the setting that
+    check_folder_config(path, cfg)                                 # differs; then every file the run pinned
+    verify_manifest(path.parent)
     if data_dir is not None:
         cfg = cfg.replace(data__data_dir=str(data_dir))
     cfg.validate(check_data=cfg.data.embeddings != "minilm")    # only data-built vocabularies read the data
