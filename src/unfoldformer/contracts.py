@@ -39,12 +39,12 @@ class NonFiniteResultError(UnfoldformerError, ArithmeticError):
 
 
 def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        try:                                        # a 0-d tensor or numpy scalar
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})") from None
-    return float(value)
+    if isinstance(value, bool) or isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    try:                                            # a float, an int, a 0-d tensor or a numpy scalar
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(f"{name} must be a single number, got {type(value).__name__} of several") from None
 
 
 def check_positive(name: str, value: Any) -> float:

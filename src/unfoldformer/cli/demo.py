@@ -8,12 +8,13 @@ energy. Writes nothing unless `--out` is given (then `demo.json`, `config.json` 
 from __future__ import annotations
 
 import argparse
+
 import torch
 
 from ..config import PRESETS, ModelConfig
+from ..contracts import check_seed
 from ..descent import descent_tolerance, share_lowered
 from ..model import UnfoldedTransformer
-from ..contracts import check_seed
 from ..runs import check_output_folder, staged_output
 from ..utils import write_json
 from . import check_options

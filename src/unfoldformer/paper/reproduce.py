@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..contracts import require_finite
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_record, load_dataset, load_embeddings
 from ..data.batching import seeded_subset
-from ..contracts import require_finite
 from ..runs import check_output_folder, staged_output
 from ..utils import atomic_write_text, jsonable, torch_threads, write_json
 from . import fig56_energy_curves as fig56

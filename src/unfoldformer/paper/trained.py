@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from ..data.batching import eval_batches
+from ..runs import refresh_manifest
 from ..train import TrainConfig, load_classifier, train
 from ..train.build import load_split
 from ..train.evaluate import evaluate
-from ..runs import refresh_manifest
 from ..utils import write_json
 
 #: Examples of the in-training evaluation when accuracy is measured afterwards at another truncation.

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..contracts import check_path_given, check_seed, require_finite
 from ..data import EVAL_SPLITS, dataset_record, load_dataset, seeded_subset
 from ..data.datasets import SPLITS
 from ..errors import ConfigError
 from ..plots import lowest_whisker, pyplot, save_figure
-from ..contracts import check_path_given, check_seed, require_finite
 from ..runs import check_output_folder, staged_output
 from ..utils import atomic_write_text, write_json
 

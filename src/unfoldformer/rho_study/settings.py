@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..data import EVAL_SPLITS
 from ..contracts import check_path_given, check_seed
+from ..data import EVAL_SPLITS
 from ..errors import ConfigError
 from ..rho import BUILT_IN, RHO_FAMILY, Rho, register_rho
 

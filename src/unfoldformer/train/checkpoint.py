@@ -38,7 +38,8 @@ from ..utils import atomic_write_bytes, write_json
 from .config import RESUMABLE_CHANGES, ConfigError, TrainConfig
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "LoadedClassifier", "WEIGHTS_FORMAT",
-           "check_folder_config", "check_same_run", "folder_config", "load_classifier", "saved_run_id", "load_train_state",
+           "check_folder_config", "check_same_run", "folder_config", "load_classifier", "saved_run_id",
+           "load_train_state",
            "load_weights", "model_state", "restore_model_state", "save_train_state", "save_weights",
            "state_digests", "table_sha256", "tensor_sha256", "weights_sha256"]
 
@@ -331,8 +332,9 @@ def load_classifier(path: str | Path, data_dir: str | None = None, *, trust_unve
 
     The folder's manifest (if any) must match every file it pins; checksums are verified (a file
     without them needs the manifest or `trust_unverified`); the weights must come from the same run
-    as the config.json beside them and agree with its config. The embedding table is rebuilt from the saved `data.embeddings` (from `data_dir` or the
-    saved data folder for vocabularies built from data) and must match the sha256 stored with the weights.
+    as the config.json beside them and agree with its config. The embedding table is rebuilt from the
+    saved `data.embeddings` (from `data_dir` or the saved data folder for vocabularies built from data)
+    and must match the sha256 stored with the weights.
     """
     from ..contracts import check_path_given
     from .build import build_classifier, load_embeddings_for
