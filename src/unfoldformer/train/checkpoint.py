@@ -108,8 +108,8 @@ def _unverified(path: Path, trust_unverified: bool) -> str:
         raise CheckpointError(f"{path}: carries no checksums (written by version 0.1.0, or stripped) and no run-folder "
                               "manifest vouches for it, so a change to it could not be detected; pass "
                               "--trust-unverified (trust_unverified=True) to read it anyway")
-    warnings.warn(f"{path}: written by version 0.1.0 without checksums; read without an integrity check",
-                  UnverifiedFileWarning, stacklevel=3)
+    warnings.warn(f"{path}: written by version 0.1.0 without checksums (or stripped of them); read without an "
+                  "integrity check, as asked (trust_unverified)", UnverifiedFileWarning, stacklevel=3)
     return UNVERIFIED
 
 
