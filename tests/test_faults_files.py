@@ -49,7 +49,7 @@ def _fails(capsys, argv: list, message: str) -> str:
     lines = [line.rsplit("\r", 1)[-1].lstrip() + "\n" for line in err.split("\n")[:-1]]   # after a progress bar
     warned = [line for line in lines if line.startswith(f"unfoldformer {argv[0]}: warning: ")]
     assert ("--trust-unverified" in argv) == bool(warned), err     # the one warning: a file read unverified
-    (error,) = [line for line in lines if line not in warned]
+    (error,) = [line for line in lines if line not in warned and not re.search(r"\d+%\|", line)]   # bars aside
     assert error.startswith(f"unfoldformer {argv[0]}: error: ") and error.endswith("\n"), err
     assert re.search(message, error), err
     assert "{" not in out and "p=[" not in out, out                # no result printed
@@ -260,3 +260,21 @@ def test_an_imdb_archive_without_its_test_split_serves_train(tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["best"]["eval_accuracy"] >= 0
     _fails(capsys, ["evaluate", out, "--split", "test", "--no-energies"],
            r"aclImdb/test/neg/ is missing or has no reviews")
+
+
+def test_probe_refuses_non_finite_energies_before_writing(sst2_dir, tmp_path, capsys, monkeypatch):
+    """The wiring: a NaN per-sample energy (as a damaged model would give) stops the probe, nothing written."""
+    from unfoldformer.probe import report
+    real = report._per_sample
+
+    def poisoned(result):
+        values = real(result)
+        values["own_in"] = values["own_in"].copy()
+        values["own_in"][1, 0] = float("nan")
+        return values
+
+    monkeypatch.setattr(report, "_per_sample", poisoned)
+    out = tmp_path / "probe"
+    _fails(capsys, ["probe", "--model", "minilm", "--samples", "4", "--max-length", "16", "--data-dir", sst2_dir,
+                    "--out", out], r"probe: per-sample energies: own_in\[1\]\[0\] is nan; a non-finite result is not")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
