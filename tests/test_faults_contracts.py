@@ -251,3 +251,20 @@ def test_config_files_keep_what_they_mean(tmp_path):
     cfg.validate(check_data=False)                                 # the override lets the large size through
     assert (cfg.optim.lr, cfg.optim.warmup, cfg.optim.epochs) == (3e-4, 10.0, 2000000)
     assert type(cfg.optim.lr) is float and cfg.run.eval_every == 50 and cfg.data.max_length is None
+
+
+def test_python_values_keep_their_type_as_in_a_file():
+    with pytest.raises(ConfigError, match=r"^config: model.d_model must be an integer \(or null\), got '8'"):
+        TrainConfig.from_dict({"model": {"d_model": "8"}})
+    with pytest.raises(ConfigError, match=r"^TrainConfig.replace: optim.epochs must be an integer, got '3'"):
+        TrainConfig().replace(optim__epochs="3")
+    assert TrainConfig().replace(optim__lr=1).optim.lr == 1.0      # an int for a float field is a number
+
+
+def test_a_rho_and_the_anchored_update_check_their_arguments():
+    from unfoldformer.rho import Rho
+    with pytest.raises(TypeError, match=r"^Rho 'bad': value must be a callable z -> tensor, got int"):
+        Rho("bad", 5, torch.exp)
+    C = torch.zeros(1, 3, 1, 2, dtype=D64)
+    with pytest.raises(ConfigError, match=r"alpha=1.5 is outside the certified range \(0, 1\] of anchored attention"):
+        S.anchored_softmax_update(C, C, ONES, torch.zeros(1, dtype=D64), torch.ones(1, 3, dtype=torch.bool), 1.5)

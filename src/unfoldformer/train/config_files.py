@@ -106,8 +106,8 @@ def _json_type(value: Any) -> str:
             dict: "a mapping"}.get(type(value), type(value).__name__)
 
 
-def check_file_types(data: dict, path: Path, sections: dict[str, type]) -> None:
-    """ConfigError naming the file and `section.key` for a value whose type differs from its field's."""
+def check_file_types(data: dict, path: Path | str, sections: dict[str, type]) -> None:
+    """ConfigError naming the file (or source) and `section.key` for a value whose type differs from its field's."""
     for section, schema in sections.items():
         values = data.get(section)
         if values is None:
