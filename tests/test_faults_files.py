@@ -217,6 +217,12 @@ PATH_CASES = [
     (["probe", "--model", "minilm", "--seed", "-1"], r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
     (["probe", "--model", "minilm", "--out", ""], r"out is empty; give a path"),
     (["rho-study", "--quick", "--seed", "-1"], r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
+    (["train", "--config", ""], r"--config is empty; give a path"),           # not "the defaults"
+    (["evaluate", "RUN", "--split", ""], r"split '' of sst2 has no labels"),   # not "the config's split"
+    (["evaluate", "RUN", "--data-dir", ""], r"data.data_dir is empty; give a path"),
+    (["probe", "--model", "minilm", "--split", ""], r"split '' is not a split of sst2"),
+    (["reproduce", "--quick", "--datasets", ""], r"--datasets '' names no data set"),
+    (["rho-study", "--quick", "--datasets", ""], r"--datasets is empty"),
 ]
 
 

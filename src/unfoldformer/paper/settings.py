@@ -132,6 +132,8 @@ def _datasets(spec: str | None, figures: list[int]) -> list[str]:
     if spec is None:
         return [FIGURE_DATASET[f] for f in figures if f in FIGURE_DATASET]
     names = [d.strip().lower().replace("-", "") for d in spec.split(",") if d.strip()]
+    if not names:
+        raise ConfigError(f"--datasets {spec!r} names no data set; valid: imdb, sst2 (or leave it out)")
     bad = [d for d in names if d not in DATASET_FIGURE]
     if bad:
         raise ConfigError(f"unknown dataset(s) {bad}; valid: imdb, sst2")

@@ -63,7 +63,7 @@ class ProbeSettings:
     def __post_init__(self) -> None:
         if self.dataset not in EVAL_SPLITS:
             raise ConfigError(f"unknown dataset {self.dataset!r}; valid: {', '.join(EVAL_SPLITS)}")
-        self.split = self.split or EVAL_SPLITS[self.dataset]
+        self.split = EVAL_SPLITS[self.dataset] if self.split is None else self.split   # '' is an error, not "default"
         if self.split not in SPLITS[self.dataset]:
             raise ConfigError(f"split {self.split!r} is not a split of {self.dataset}; valid: "
                               f"{', '.join(SPLITS[self.dataset])}")

@@ -60,7 +60,7 @@ class RhoStudySettings:
         self.rhos = [self._rho_name(r) for r in parse_list(self.rhos, "rhos")]
         if "exp" not in self.rhos:
             raise ConfigError("--rhos must include exp: every comparison is against softmax attention")
-        self.datasets = parse_list(self.datasets or list(mode["datasets"]), "datasets")
+        self.datasets = parse_list(list(mode["datasets"]) if self.datasets is None else self.datasets, "datasets")
         bad = [d for d in self.datasets if d not in EVAL_SPLITS]
         if bad:
             raise ConfigError(f"unknown dataset(s) {', '.join(bad)}; valid: {', '.join(EVAL_SPLITS)}")

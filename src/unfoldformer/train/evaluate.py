@@ -140,7 +140,7 @@ def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: st
     check_device("device", device)
     loaded = load_classifier(path, data_dir=data_dir, trust_unverified=trust_unverified)
     cfg, model = loaded.config, loaded.model.to(device)
-    split = split or cfg.eval_split
+    split = cfg.eval_split if split is None else split            # '' is refused below, not read as "default"
     if split not in LABELLED_SPLITS[cfg.data.dataset]:
         raise ConfigError(f"split {split!r} of {cfg.data.dataset} has no labels to evaluate against; labelled "
                           f"splits: {', '.join(LABELLED_SPLITS[cfg.data.dataset])}")
