@@ -95,12 +95,12 @@ def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_pa
     """Files written by the code of version 0.1.0 (tests/fixtures/v0.1.0, with the logits it computed
     on fixed ids): the weights load into today's model and give the same logits."""
     with pytest.warns(UnverifiedFileWarning, match="without checksums"):   # 0.1.0 wrote none
-        state, cfg, info = load_weights(OLD / kind / "best.safetensors")
+        state, cfg, info = load_weights(OLD / kind / "best.safetensors", trust_unverified=True)
     assert info["integrity"].startswith("unverified")
     cfg = cfg.replace(data__data_dir=str(tmp_path / "data"))
     shutil.copytree(OLD / "data", tmp_path / "data")
     with pytest.warns(UnverifiedFileWarning):
-        loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data")
+        loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data", trust_unverified=True)
     assert loaded.info["integrity"].startswith("unverified")
     expected = json.loads((OLD / kind / "expected_logits.json").read_text())
     ids = torch.tensor(expected["ids"])
@@ -114,7 +114,7 @@ def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_pa
 
 def test_checkpoint_written_by_version_0_1_0_still_reads():
     with pytest.warns(UnverifiedFileWarning, match="checkpoint.pt: written by version 0.1.0 without checksums"):
-        state = load_train_state(OLD / "certified-tied" / "checkpoint.pt")
+        state = load_train_state(OLD / "certified-tied" / "checkpoint.pt", trust_unverified=True)
     assert state["integrity"].startswith("unverified")
     cfg = TrainConfig.from_dict(state["config"])
     assert cfg.model.kind == "certified-tied" and state["progress"]["finished"] is True

@@ -26,11 +26,12 @@ import math
 import typing
 from dataclasses import dataclass
 
+from .contracts import check_positive, check_step
 from .errors import ConfigError
 from .rho import RHO_FAMILY, get_rho
 
 __all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_KINDS", "ModelConfig", "PEER_ATTENTIONS",
-           "PRESETS", "check_certified_steps", "check_positive", "upgrade_peer_fields"]
+           "PRESETS", "upgrade_peer_fields"]
 
 ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transformer", "crate")
 BASIS_MAPS = ("exp", "cayley")
@@ -218,7 +219,8 @@ class ModelConfig:
         if self.rho is not None and self.rho not in RHO_FAMILY:
             raise ConfigError(f"unknown rho {self.rho!r}; valid: {', '.join(RHO_FAMILY)}")
         for name in ("anchor_weight", "alpha_attention", "alpha_ffn", "energy_step", "ista_step"):
-            check_positive(name, getattr(self, name))
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         if self.spectrum_bound is not None and not 0 < self.spectrum_bound < 1:
             raise ConfigError(f"spectrum_bound must lie in (0, 1) for a bounded-below F1 energy, "
                               f"got {self.spectrum_bound}")
@@ -247,35 +249,11 @@ class ModelConfig:
             self._check_certified()
 
     def _check_certified(self) -> None:
-        check_certified_steps(self.attention, self.ffn, self.rho, self.alpha_attention, self.alpha_ffn)
-
-
-def check_positive(name: str, value: float | None) -> None:
-    """ConfigError unless `value` (None: unset) is a finite number > 0; the config's and the layers' check."""
-    if value is not None and not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-
-
-def check_certified_steps(attention: str | None, ffn: str | None, rho: str | None, alpha_attention: float | None,
-                          alpha_ffn: float | None) -> None:
-    """ConfigError for a step size outside the range its theorem certifies (THEORY §3); `attention` or `ffn`
-    None skips that part. Used by the config (`certified=True`) and by the layer modules themselves."""
-    a, f = alpha_attention, alpha_ffn
-    if attention == "anchored" and not 0 < a <= 1:
-        raise ConfigError(f"alpha_attention={a} is outside the certified range (0, 1] of anchored "
-                          "attention (THEORY §3.3)")
-    if attention == "metric":
-        rho_ = get_rho(rho)
-        if not (0 < a <= 1 or (rho_.psd_kernel and 0 < a < 2)):
-            rng = "(0, 2) for a PSD kernel" if rho_.psd_kernel else "(0, 1]"
-            raise ConfigError(f"alpha_attention={a} is outside the certified range {rng} of Theorem A "
-                              f"(rho={rho_.name}, THEORY §3.1)")
-    if ffn == "tied" and not 0 < f < 2:
-        raise ConfigError(f"alpha_ffn={f} is outside the certified range (0, 2) of the tied FFN "
-                          "(THEORY §3.4, F2)")
-    if ffn == "symmetric" and not 0 < f <= 1:
-        raise ConfigError(f"alpha_ffn (η)={f} is outside the certified range (0, 1] of the symmetric FFN "
-                          "with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)")
+        """Step sizes inside their certified ranges: the checker (and message) the step functions use."""
+        if self.attention in ("anchored", "metric"):
+            check_step("alpha_attention", self.alpha_attention, self.attention, get_rho(self.rho))
+        if self.ffn in ("tied", "symmetric"):
+            check_step("alpha_ffn", self.alpha_ffn, self.ffn)
 
 
 def upgrade_peer_fields(data: dict, attention: str | None = None) -> dict:

@@ -21,7 +21,7 @@ same parameters and results; these modules stay the reference for them.
 
 `padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float in
 [0, 1]) multiplies the step size; the safeguard uses it. Step sizes and λ are checked on
-construction with the config's messages (`config.check_positive`, `config.check_certified_steps`):
+construction with the config's messages (`contracts.check_positive`, `contracts.check_step`):
 with `certified=True` (the default) a step outside its certified range is refused, so a stack
 built from these modules by hand keeps its certificate or says why not. For a layer with
 defaults and `nn.TransformerEncoderLayer` conventions, use `unfoldformer.CertifiedEncoderLayer`.
@@ -37,7 +37,8 @@ from torch.nn.utils import parametrize
 
 from . import energy as E
 from .bases import orthogonal_basis
-from .config import check_certified_steps, check_positive
+from .contracts import check_positive, check_step
+from .rho import get_rho
 from .steps import anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step, tied_ffn_step
 
 
@@ -55,9 +56,7 @@ class AnchoredAttention(nn.Module):
                  basis_map: str = "exp", *, certified: bool = True):
         super().__init__()
         check_positive("anchor_weight", lam)
-        check_positive("alpha_attention", alpha)
-        if certified:
-            check_certified_steps("anchored", None, rho, alpha, None)
+        check_step("alpha_attention", alpha, "anchored", certified=certified)
         self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
         dh = d // n_heads
         self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
@@ -75,7 +74,7 @@ class AnchoredAttention(nn.Module):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return anchored_attention_step(Y, X, self.log_scale.exp(), self.lam, self.rho,
-                                       self.alpha * scale, padding_mask, self.subspaces())
+                                       self.alpha * scale, padding_mask, self.subspaces(), certified=False)
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         return (E.attention_energy(Y, self.factors(), self.rho, padding_mask)
@@ -91,9 +90,7 @@ class MetricAttention(nn.Module):
     def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool, basis_map: str = "exp", *,
                  certified: bool = True):
         super().__init__()
-        check_positive("alpha_attention", alpha)
-        if certified:
-            check_certified_steps("metric", None, rho, alpha, None)
+        check_step("alpha_attention", alpha, "metric", get_rho(rho), certified=certified)
         self.d, self.H, self.rho, self.alpha = d, n_heads, rho, alpha
         dh = d // n_heads
         self.A = nn.Parameter(torch.empty(n_heads, dh, dh))
@@ -113,7 +110,7 @@ class MetricAttention(nn.Module):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return attention_step(Y, self.factors(), self.rho, self.alpha * scale, padding_mask,
-                              self.subspaces())
+                              self.subspaces(), certified=False)   # ModelConfig checked α when certified
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.attention_energy(Y, self.factors(), self.rho, padding_mask)
@@ -154,9 +151,7 @@ class SymmetricFFN(nn.Module):
 
     def __init__(self, d: int, eta: float, relu: bool, bound: float, method: str, *, certified: bool = True):
         super().__init__()
-        check_positive("alpha_ffn", eta)
-        if certified:
-            check_certified_steps(None, "symmetric", None, None, eta)
+        check_step("alpha_ffn", eta, "symmetric", certified=certified)
         self.eta, self.relu = eta, relu
         self.W_F = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
         parametrize.register_parametrization(self, "W_F", BoundedSymmetric(bound, method))
@@ -168,7 +163,7 @@ class SymmetricFFN(nn.Module):
         return self.parametrizations.W_F.original
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask)
+        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask, certified=False)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.symmetric_ffn_energy(Y, self.W_F, self.b, padding_mask)
@@ -179,19 +174,18 @@ class TiedFFN(nn.Module):
 
     def __init__(self, d: int, hidden: int, alpha: float, *, certified: bool = True):
         super().__init__()
-        check_positive("alpha_ffn", alpha)
-        if certified:
-            check_certified_steps(None, "tied", None, None, alpha)
+        check_step("alpha_ffn", alpha, "tied", certified=certified)
         self.alpha = alpha
         self.W1 = nn.Parameter(torch.randn(d, hidden) / math.sqrt(hidden))
         self.b = nn.Parameter(torch.zeros(hidden))
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask)
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, certified=False)
 
     def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
         """The step and E_H at its input from one shared ReLU(Y W1 + 1b)."""
-        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True)
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True,
+                             certified=False)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)

@@ -162,6 +162,17 @@ def _put(value, rows: Tensor, new):
     return type(value)(*(_put(v, rows, w) for v, w in zip(value, new)))
 
 
+def _empty_output(x: Tensor, depth: int, detail: str | None) -> EncoderOutput:
+    """The output of a batch of B = 0 samples: hidden (0, n, d) and, when asked for, (0, ·) float64 energies."""
+    if detail is None:
+        return EncoderOutput(hidden=x.clone())
+    rows = lambda width: x.new_zeros(0, width, dtype=torch.float64)   # noqa: E731
+    steps = {name: rows(depth) for name in ("attention_before", "attention_after", "ffn_before", "ffn_after")}
+    return EncoderOutput(hidden=x.clone(), energies=rows(depth + 1), layer_before=rows(depth),
+                         layer_after=rows(depth), step_scales=rows(depth).to(x.dtype),
+                         **(steps if detail == "steps" else {}))
+
+
 class _ModuleStack:
     """The layers as modules, in original coordinates (metric and released attention, other FFNs)."""
 
@@ -235,6 +246,8 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
             raise ConfigError(f"return_energies must be False, True (the energy curve), 'curve' or 'steps' "
                               f"(the curve and the sub-step energies), got {return_energies!r}")
         detail = _DETAIL[return_energies] or ("curve" if safeguard else None)
+        if x.shape[0] == 0:                                          # an empty batch: empty outputs
+            return _empty_output(x, self.config.depth, detail)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
             stack = (RotatedStack(self, x, valid) if all(runs_rotated(layer) for layer in self.layers)
                      else _ModuleStack(self, x, padding_mask))

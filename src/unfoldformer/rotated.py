@@ -148,10 +148,11 @@ class RotatedStack:
         att = f.layer.attention
         alpha = att.alpha * scale
         if not self.exp:
-            return anchored_attention_step(Y, Xr, f.scales, att.lam, att.rho, alpha, ~valid), None
+            return anchored_attention_step(Y, Xr, f.scales, att.lam, att.rho, alpha, ~valid, certified=False), None
         B, n, d = Y.shape
         C, Xc = Y.view(B, n, att.H, d // att.H), Xr.view(B, n, att.H, d // att.H)   # (B, n, H, dh) views
-        U, attention = anchored_softmax_update(C, Xc, f.scales, f.log_nu, valid, alpha, attention)
+        U, attention = anchored_softmax_update(C, Xc, f.scales, f.log_nu, valid, alpha, attention,
+                                               certified=False)
         return U.reshape(B, n, d), attention
 
     def _ffn(self, f: _Frame, U: Tensor, scale: float, W_out: Tensor | None,

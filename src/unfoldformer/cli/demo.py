@@ -8,14 +8,14 @@ energy. Writes nothing unless `--out` is given (then `demo.json`, `config.json` 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from ..config import PRESETS, ModelConfig
+from ..contracts import check_seed
 from ..descent import descent_tolerance, share_lowered
 from ..model import UnfoldedTransformer
-from ..runs import check_output_location, staged_output
+from ..runs import check_output_folder, staged_output
 from ..utils import write_json
 from . import add_device_argument, check_device_option, check_options
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--depth", type=int, default=None, help="override the preset's depth")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="folder for demo.json and config.json")
+    parser.add_argument("--out", default=None, help="folder for demo.json and config.json")
     add_device_argument(parser)
 
 
@@ -54,11 +54,12 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
 
 def run(args: argparse.Namespace) -> int:
     check_options(args, "batch", "tokens", "depth")
+    check_seed("--seed", args.seed)
     device = check_device_option(args)
     overrides = {} if args.depth is None else {"depth": args.depth}
     cfg = ModelConfig.preset(args.preset, **overrides)
-    if args.out is not None:
-        check_output_location("--out", args.out)
+    if args.out is not None:                                       # every check of the folder, before any work
+        check_output_folder("--out", args.out, "demo", OUTPUT_FILES.__contains__)
     result = energy_trace(cfg, args.batch, args.tokens, args.seed, args.safeguard, device)
     print(f"preset {args.preset}: d_model={cfg.d_model} heads={cfg.n_heads} depth={cfg.depth} "
           f"attention={cfg.attention} ffn={cfg.ffn} safeguard={args.safeguard}")

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..contracts import require_finite
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_record, load_dataset, load_embeddings
 from ..data.batching import seeded_subset
-from ..runs import check_output_location, staged_output
+from ..runs import check_output_folder, staged_output
 from ..utils import atomic_write_text, jsonable, torch_threads, write_json
 from . import fig56_energy_curves as fig56
 from . import fig56_plot
@@ -146,7 +147,7 @@ def run_reproduction(cfg: ReproduceSettings) -> tuple[dict, dict]:
 
     The trainings and curve sets run on `cfg.threads` worker processes of one thread each (`paper.tasks`);
     the rest runs here on one thread."""
-    check_output_location("--out", cfg.out)
+    check_output_folder("--out", cfg.out, "reproduce", _owned)
     with torch_threads(1), staged_output(cfg.out, "reproduce", cfg.to_dict(), owned=_owned) as out:
         return _run(cfg, out)
 
@@ -190,6 +191,7 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
         record_final_location(run, Path(cfg.out).resolve() / MODELS / run.name)   # not the staging folder
     timings["cpu_time_all_processes"] = _cpu_time() - cpu0
     timings["total"] = time.perf_counter() - t0
+    require_finite(curves, "reproduce: energy curves")            # jsonable would write NaN as null
     results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,
                         "energy_curves": curves,
                         "settings": {k: v for k, v in cfg.to_dict().items() if k not in ("out", "progress")},

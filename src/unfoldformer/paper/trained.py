@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..data.batching import eval_batches
+from ..runs import refresh_manifest
 from ..train import TrainConfig, load_classifier, train
 from ..train.build import load_split
 from ..train.evaluate import evaluate
@@ -149,6 +150,7 @@ def record_final_location(run_dir: Path, final_dir: Path) -> None:
             record = json.loads(path.read_text())
             (record[section] if section else record)["out_dir"] = str(final_dir)
             write_json(path, record)
+    refresh_manifest(run_dir)                                      # the run's manifest pins the edited files
 
 
 def _count(n: int | None) -> str:
