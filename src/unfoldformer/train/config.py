@@ -134,8 +134,8 @@ SECTIONS = ("model", "data", "optim", "run")
 LARGE_SIZE = 10**6
 # Keys that may change between a run and its resumption.
 RESUMABLE_CHANGES = {"data.data_dir", "run.out_dir", "run.threads", "run.device", "run.progress",
-                     "run.checkpoint_every", "run.eval_batch_size", "run.overwrite", "run.allow_large_sizes", "data.download",
-                     "data.token_cache", "run.log_every", "run.tensorboard", "run.plots"}
+                     "run.checkpoint_every", "run.eval_batch_size", "run.overwrite", "run.allow_large_sizes",
+                     "data.download", "data.token_cache", "run.log_every", "run.tensorboard", "run.plots"}
 #: The splits of a run on your own files (`data.train_file`).
 FILE_SPLITS = ("train", "eval")
 DEVICES = ("auto", "cpu", "cuda", "mps")
