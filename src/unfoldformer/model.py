@@ -7,12 +7,16 @@ key_padding_mask convention). The input is validated once per forward. Anchored 
 tied FFN run in their own learned bases (`rotated.py`: same parameters, the same results to
 round-off, no head projections); the other layers run as their modules.
 
-**Safeguard** (THEORY §3.5): each sub-step descends its own term, but a whole layer need not
-lower E = E_A + E_FFN. With `safeguard=True` every layer step is accepted per sample only if E
-does not rise (beyond `descent_tolerance`); otherwise its step size is halved, up to
-`max_halvings` times, after which the sample keeps its state (the layer is skipped for it). The
-energy curve then never rises, by construction. It needs the energies of every layer, so it is
-off unless asked for.
+**Joint layer** (`layer="joint"`, THEORY §3.7, `joint.py`): attention and the tied FFN in one MM step
+on the whole layer energy, which every layer lowers by construction; its curve comes from the steps'
+own passes and hidden layers (one more of each at the last state).
+
+**Safeguard** (THEORY §3.5): each sub-step of the alternating layer descends its own term, but a whole
+layer need not lower E = E_A + E_FFN (the joint layer does; the safeguard then never backtracks).
+With `safeguard=True` every layer step is accepted per sample only if E does not rise (beyond
+`descent_tolerance`); otherwise its step size is halved, up to `max_halvings` times, after which the
+sample keeps its state (the layer is skipped for it). The energy curve then never rises, by
+construction. It needs the energies of every layer, so it is off unless asked for.
 
 Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
@@ -39,6 +43,7 @@ from .config import ModelConfig
 from .descent import descent_tolerance, lowered
 from .energy import check_dtype, check_states
 from .errors import ConfigError
+from .joint import JointLayer, JointStack
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
@@ -51,7 +56,9 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     d, H = cfg.d_model, cfg.n_heads
     if cfg.attention == "anchored":
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
-                                 cfg.basis_map or "exp")
+                                 cfg.basis_map or "exp", length_norm=cfg.attention_norm == "length")
+        if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
+            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, None), cfg.ffn_weight)
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp")
     else:
@@ -191,7 +198,8 @@ class UnfoldedTransformer(nn.Module):
                               f"(the curve and the sub-step energies), got {return_energies!r}")
         detail = _DETAIL[return_energies] or ("curve" if safeguard else None)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
-            stack = (RotatedStack(self, x, valid) if all(runs_rotated(layer) for layer in self.layers)
+            rotated = JointStack if isinstance(self.layers[0], JointLayer) else RotatedStack
+            stack = (rotated(self, x, valid) if all(runs_rotated(layer) for layer in self.layers)
                      else _ModuleStack(self, x, padding_mask))
             if detail is None:
                 return EncoderOutput(hidden=stack.run())

@@ -138,7 +138,8 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
     """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
     C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
-    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `valid` (B, n) True = real token. The target
+    s_h; `log_nu` (H,) log ν_h = log(λ s_h²), or (B, 1, H) per sample (length normalisation);
+    `valid` (B, n) True = real token. The target
         t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = x_i + σ(log ν + log d_i) (o⁺_i − x_i)
     from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average; the default, no mask), or, from an
     off-diagonal pass `attention` (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C),
@@ -153,13 +154,13 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
         gate = torch.sigmoid(log_nu + attention.log_mass)[..., None]   # (B, n, H, 1) ν d / (ν d + 1)
         target = torch.lerp(Xc, attention.average, gate)           # (B, n, H, dh) t_i
     else:
-        p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[:, None])    # (B, n, H, dh) p_i
+        p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[..., None])  # (B, n, H, dh) p_i
         gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
         target = torch.lerp(p, attention.average, gate)            # (B, n, H, dh) t_i
     return (target if alpha == 1 else torch.lerp(C, target, float(alpha))), attention
 
 
-def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1.0,
+def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float | Tensor = 1.0,
                             rho: str | Rho = "exp", alpha: float = 1.0,
                             padding_mask: Tensor | None = None,
                             subspaces: Tensor | None = None) -> Tensor:
@@ -171,18 +172,20 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     log-sum-exp gives the off-diagonal mass; the self and anchor terms enter in closed form
     (`anchored_softmax_update`), so it never overflows and stores no n×n weights. Other ρ run
     through the blocked kernel (`kernels.weighted_average`: Σ_j β_ij c_j and d_i in one pass).
-    `padding_mask` (B, n) bool, True marks padding.
+    `padding_mask` (B, n) bool, True marks padding. `lam`: a number, or (B,) per sample (λ/n for the
+    length-normalised energy).
     """
     valid = check_states(Y, padding_mask)
     if X.shape != Y.shape:
         raise ValueError(f"anchor X must have Y's shape {tuple(Y.shape)}, got {tuple(X.shape)}")
-    if lam <= 0:
-        raise ValueError(f"anchor weight lam must be > 0, got {lam}")
+    lam = torch.as_tensor(lam, dtype=Y.dtype, device=Y.device)
+    if lam.dim() > 1 or lam.numel() not in (1, Y.shape[0]) or not bool((lam > 0).all()):
+        raise ValueError(f"anchor weight lam must be > 0 (a number or one per sample), got {lam}")
     H, d = scales.shape[0], Y.shape[-1]
     subspaces = check_subspaces(subspaces, H, d)
     r = get_rho(rho)
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
-    log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
+    log_nu = lam.log().reshape(-1, 1, 1) + 2 * torch.log(scales.to(Y.dtype).abs())   # (1 or B, 1, H)
     if r.softmax:
         keep = valid[:, None, :, None]                             # padded rows zeroed: finite whatever they hold
         C, Xc = V.where(keep, 0.0).transpose(1, 2), Xh.where(keep, 0.0).transpose(1, 2)   # (B, n, H, dh)
@@ -191,7 +194,7 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     else:
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
         num, deg = weighted_average(a, V, valid, r)                # (B, H, n, dh), (B, H, n, 1)
-        nu = log_nu.exp()[None, :, None, None]
+        nu = log_nu.exp().transpose(1, 2)[..., None]               # (1 or B, H, 1, 1)
         target = (nu * num + Xh) / (nu * deg + 1)
     return _keep_padding(Y, Y + alpha * merge_heads(target - V, subspaces), valid)
 
