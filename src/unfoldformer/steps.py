@@ -26,7 +26,7 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
-from .kernels import weighted_average
+from .kernels import centred, needs_float64, weighted_average
 from .rho import Rho, get_rho
 from .softmax import AttentionPass, attention_pass
 
@@ -92,9 +92,10 @@ def _weighted_average(Y: Tensor, factors: Tensor, r: Rho, valid: Tensor,
     H = factors.shape[0]
     V = head_values(Y, H, subspaces)                               # (B, H, n, dh)
     if r.softmax and use_sdpa:
-        a = head_features(Y, factors)                              # (B, H, n, k)
-        avg = F_nn.scaled_dot_product_attention(a, a, V, attn_mask=exp_attention_mask(a, valid), scale=1.0)
-        return avg, V
+        a = centred(head_features(Y, factors), valid)              # (B, H, n, k) z_ij unchanged, offsets removed
+        a = a if not needs_float64(a, valid) else a.double()      # far groups: logits in float64
+        avg = F_nn.scaled_dot_product_attention(a, a, V.to(a.dtype), attn_mask=exp_attention_mask(a, valid), scale=1.0)
+        return avg.to(Y.dtype), V
     if use_sdpa:                                                   # blocked kernel: O(n · block) memory
         num, deg = weighted_average(head_features(Y, factors), V, valid, r)   # (B, H, n, dh), (B, H, n, 1)
     else:                                                          # the dense reference: all n × n weights
@@ -141,14 +142,14 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
     s_h; `log_nu` (H,) log ν_h = log(λ s_h²), or (B, 1, H) per sample (length normalisation);
     `valid` (B, n) True = real token. The target
         t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = x_i + σ(log ν + log d_i) (o⁺_i − x_i)
-    from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average; the default, no mask), or, from an
-    off-diagonal pass `attention` (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C),
+    from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average, when such a pass is given), or, from the
+    off-diagonal pass (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C; the default),
         t_i = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν) = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),
     p_i = (ν c_i + x_i) / (ν + 1). Then c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic
     with α). Returns c⁺ (B, n, H, dh) and the pass.
     """
-    if attention is None or attention.average is None:
-        attention = attention_pass(C, scales, valid, diagonal=True)
+    if attention is None or attention.average is None:            # the off-diagonal pass, as the traced forward:
+        attention = attention_pass(C, scales, valid)               # S_i's error is relative to S_i, not to 1 + S_i
     log_nu = log_nu.to(C.dtype)
     if attention.diagonal:
         gate = torch.sigmoid(log_nu + attention.log_mass)[..., None]   # (B, n, H, 1) ν d / (ν d + 1)
