@@ -93,13 +93,15 @@ def test_paper_attention_never_raises_energy(tiny):
         assert fig56.curve_summary(c, tol)["share_attention_steps_lowering"] == 1.0
 
 
-def test_certified_model_with_safeguard_never_rises(tiny):
-    """The certified model's curves are drawn with the safeguard, which makes descent hold by construction."""
-    result, _, _ = tiny
+def test_certified_model_never_rises_without_the_safeguard(tiny):
+    """The certified model is the joint layer (THEORY §3.7): trained, its curves never rise with the safeguard
+    off, every step at full size."""
+    result, _, trained = tiny
     c = result.curves["certified/trained"]
     s = fig56.curve_summary(c, result.tolerance)
-    assert c.safeguard and s["share_monotone"] == 1.0 and s["rising_layer_steps"] == 0
-    assert np.all((c.step_scales >= 0) & (c.step_scales <= 1))
+    assert next(v for v in trained if v.spec.key == "certified/trained").spec.kind == "certified-joint"
+    assert not c.safeguard and s["share_monotone"] == 1.0 and s["rising_layer_steps"] == 0
+    assert np.all(c.step_scales == 1)
 
 
 def test_sample_accuracy_is_the_classifiers_own(tiny):
