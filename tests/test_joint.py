@@ -96,7 +96,9 @@ def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.
     """Allowance for E evaluated (exactly) at a float32 state computed by float32 arithmetic: (B,).
 
     The exact step from the (exact) input state descends; the computed state differs from it by δ.
-    E(Y + δ) − E(Y) ≤ ‖∇E(Y)‖_F ‖δ‖_F + ½ Λ ‖δ‖², Λ ≤ ν·2·max d_i + (1 + γ(1 + ‖W̃‖²))/λ-ish.
+    Taylor at the computed state Y⁺ = Y* + δ: E(Y⁺) ≤ E(Y*) + ‖∇E(Y⁺)‖_F ‖δ‖_F + ½ Λ ‖δ‖², Λ the largest
+    positive curvature of E: ρ concave (ρ'' ≤ 0) leaves ρ'·∇²z ⪯ s_h² L ⪯ 2 s_h² n I for E_A (ρ' ≤ 1),
+    the anchor and ½‖Y‖² of E_H add (1 + γ)/λ, and −½‖ReLU(·)‖² only negative curvature.
     ‖δ‖ per entry ≤ 64 u · M with M = the largest magnitude entering the step (|c|, |x̃|, |r̃|): 64 units of
     round-off cover the products and sums behind one entry (conftest.close_tol's rule), and the softmax
     weights' float32 logit error u·‖a − mean‖² (THEORY §3.10) moves the average by at most that relative
@@ -113,9 +115,8 @@ def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.
     logit = (f.scales.detach().to(D64).max() ** 2) * (2 * M) ** 2 * Y_new.shape[-1]   # ≥ ‖a − mean‖²
     delta = 64 * u * M * (1 + u * logit) * math.sqrt(Y_new.shape[1] * Y_new.shape[2])   # ‖δ‖_F bound
     g = grad.where(valid, 0.0).flatten(1).norm(dim=1)
-    w_norm = float(torch.linalg.matrix_norm(f.W.detach().to(D64), ord=2)) if f.W.numel() else 0.0
-    nu = float(torch.exp(f.log_nu.detach().to(D64)).max())
-    curvature = 2 * nu * Y_new.shape[1] + (1 + 10 * (1 + w_norm ** 2)) / f.layer.attention.lam
+    gamma = f.layer.gamma if isinstance(f.layer, JointLayer) else f.layer.attention.lam
+    curvature = 2 * float(f.scales.detach().max()) ** 2 * Y_new.shape[1] + (1 + gamma) / f.layer.attention.lam
     return g * delta + 0.5 * curvature * delta ** 2 + descent_tolerance(torch.float32) * (1 + energy_scale.abs())
 
 

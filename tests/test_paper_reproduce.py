@@ -390,11 +390,15 @@ def test_quick_reproduction_end_to_end(tmp_path, data_dir):
     assert results["data_files"] == records                   # path, size and sha256 of what was read
     assert all(f"{r['bytes']:,}" in report and r["sha256"] in report for r in records)
     assert len(verdict_rows(results)) == 3 + 2 * 8
+    certified_rows = [r for r in verdict_rows(results) if "certified-joint model, no safeguard" in r[0]]
+    assert len(certified_rows) == 2 and all(r[1].startswith("yes") for r in certified_rows), certified_rows
     for name in ("imdb", "sst2"):
         curves = results["energy_curves"][name]["curves"]
         assert len(curves) == 8
         for c in curves.values():
             assert all(math.isfinite(e) for e in c["mean_energy"] + c["median_energy"])
+        certified = curves["certified/trained"]                  # the joint layer: no safeguard, never rises
+        assert certified["safeguard"] is False and certified["share_monotone"] == 1.0
         for key, run in results["energy_curves"][name]["runs"].items():
             assert (out / run / "last.safetensors").is_file(), key
             recorded = json.loads((out / run / "config.json").read_text())["run"]["out_dir"]
