@@ -12,7 +12,10 @@ lower E = E_A + E_FFN. With `safeguard=True` every layer step is accepted per sa
 does not rise (beyond `descent_tolerance`); otherwise its step size is halved, up to
 `max_halvings` times, after which the sample keeps its state (the layer is skipped for it). The
 energy curve then never rises, by construction. It needs the energies of every layer, so it is
-off unless asked for.
+off unless asked for. With states in float32 (or lower) the safeguard decides on float64 evaluations
+of the states (operators as stored, converted exactly; the steps stay in the states' dtype), and the
+energies it returns are those: an accepted layer does not rise under an independent float64 evaluation
+(docs/theory.md, "Numerics of the fast paths"; float32 passes err by up to 4γR², `softmax.logit_error_bound`).
 
 Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
