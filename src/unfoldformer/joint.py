@@ -125,9 +125,9 @@ class JointStack(RotatedStack):
     def _carry(self, f: _Frame, Y: Tensor, valid: Tensor) -> JointCarry:
         return JointCarry(self._pass(f, Y, valid, average=True), _hidden(Y, f))
 
-    def _joint_terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, carry: JointCarry) -> EnergyTerms:
-        """E_ℓ's terms at Y from the pass and hidden layer at Y: (w E_A + λ⁻¹½‖Y − X‖², (γ/λ) E_H)."""
-        terms = self._terms(f, Y, Xr, valid, carry.attention, carry.hidden)
+    def _joint_terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, carry: JointCarry | None) -> EnergyTerms:
+        """E_ℓ's terms at Y from the pass and hidden layer at Y (None: computed): (w E_A + λ⁻¹½‖Y − X‖², (γ/λ) E_H)."""
+        terms = self._terms(f, Y, Xr, valid, *((None, None) if carry is None else carry))
         return EnergyTerms(terms.attention, terms.ffn * (f.layer.gamma / f.layer.attention.lam))
 
     def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry: JointCarry | None, scale: float,
@@ -140,11 +140,16 @@ class JointStack(RotatedStack):
         Xr = self.anchor(ell) if rows is None else self.anchor(ell)[rows]
         valid = self.valid if rows is None else self.valid[rows]
         carry = self._carry(f, Y, valid) if carry is None else carry
-        at_input = self._joint_terms(f, Y, Xr, valid, carry) if need_input else None
         Y_new, _ = self._joint(f, Y, Xr, valid, scale, carry.attention, carry.hidden)
         reuse = self.tied and ell < self.depth - 1                  # the next step starts from Y_new
         out = JointCarry(self._pass(f, Y_new, valid, average=reuse), _hidden(Y_new, f))
-        at_output = self._joint_terms(f, Y_new, Xr, valid, out)
+        if self.exact:                                              # the safeguard's float64 evaluations
+            f64, X64 = self.frame64(ell), Xr.double()
+            terms = lambda Z: self._joint_terms(f64, Z.double(), X64, valid, None)   # noqa: E731
+            at_input, at_output = terms(Y) if need_input else None, terms(Y_new)
+        else:
+            at_input = self._joint_terms(f, Y, Xr, valid, carry) if need_input else None
+            at_output = self._joint_terms(f, Y_new, Xr, valid, out)
         return LayerTrace(Y_new, Y_new, at_output if substeps else None, at_output, at_input, carry,
                           out if reuse else None)
 

@@ -16,7 +16,11 @@ layer need not lower E = E_A + E_FFN (the joint layer does; the safeguard then n
 With `safeguard=True` every layer step is accepted per sample only if E does not rise (beyond
 `descent_tolerance`); otherwise its step size is halved, up to `max_halvings` times, after which the
 sample keeps its state (the layer is skipped for it). The energy curve then never rises, by
-construction. It needs the energies of every layer, so it is off unless asked for.
+construction. It needs the energies of every layer, so it is off unless asked for. With states in
+float32 (or lower) the safeguard decides on float64 evaluations of the states (operators as stored,
+converted exactly; the steps stay in the states' dtype), and the energies it returns are those: an
+accepted layer does not rise under an independent float64 evaluation (docs/theory.md, "Numerics of the
+fast paths"; float32 passes err by up to 4γR², `softmax.logit_error_bound`).
 
 Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
@@ -33,6 +37,7 @@ FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -132,8 +137,11 @@ def _put(value, rows: Tensor, new):
 class _ModuleStack:
     """The layers as modules, in original coordinates (metric and released attention, other FFNs)."""
 
-    def __init__(self, model: UnfoldedTransformer, X: Tensor, mask: Tensor | None):
+    def __init__(self, model: UnfoldedTransformer, X: Tensor, mask: Tensor | None, exact: bool = False):
         self.model, self.X, self.mask = model, X, mask
+        # `exact`: energies from float64 copies of the layers at the float64 states (the steps stay in X's dtype)
+        self.exact = [copy.deepcopy(layer).double() for layer in model.layers] \
+            if exact and X.dtype != torch.float64 else None
 
     def run(self) -> Tensor:
         Y = self.X
@@ -147,6 +155,12 @@ class _ModuleStack:
     def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry, scale: float, substeps: bool,
               need_input: bool) -> LayerTrace:
         layer, X, mask = self.model.layer(ell), _take(self.X, rows), _take(self.mask, rows)
+        if self.exact is not None:
+            exact, X64 = self.exact[0 if self.model.config.tied else ell], X.double()
+            terms = lambda Z: exact.energy_terms(Z.double(), X64, mask)   # noqa: E731
+            trace = layer.traced(Y, X, mask, scale, substeps=False)
+            return trace._replace(at_middle=terms(trace.middle) if substeps else None, at_output=terms(trace.output),
+                                  at_input=terms(Y) if need_input else None)
         at_input = layer.energy_terms(Y, X, mask) if need_input else None
         return layer.traced(Y, X, mask, scale, substeps)._replace(at_input=at_input)
 
@@ -198,9 +212,10 @@ class UnfoldedTransformer(nn.Module):
                               f"(the curve and the sub-step energies), got {return_energies!r}")
         detail = _DETAIL[return_energies] or ("curve" if safeguard else None)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
+            exact = safeguard and x.dtype != torch.float64           # decide on float64 evaluations
             rotated = JointStack if isinstance(self.layers[0], JointLayer) else RotatedStack
-            stack = (rotated(self, x, valid) if all(runs_rotated(layer) for layer in self.layers)
-                     else _ModuleStack(self, x, padding_mask))
+            stack = (rotated(self, x, valid, exact) if all(runs_rotated(layer) for layer in self.layers)
+                     else _ModuleStack(self, x, padding_mask, exact))
             if detail is None:
                 return EncoderOutput(hidden=stack.run())
             return self._traced_forward(stack, detail == "steps", max_halvings if safeguard else None)

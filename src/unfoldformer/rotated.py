@@ -60,9 +60,9 @@ class _Frame(NamedTuple):
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     att, ffn = layer.attention, layer.ffn
     Q = None if att.basis is None else att.basis.weight.to(dtype)
-    W1 = None if ffn is None else ffn.W1
+    W1 = None if ffn is None else ffn.W1.to(dtype)
     W = W1 if (W1 is None or Q is None) else Q.T @ W1               # (d, m)
-    b = None if ffn is None else ffn.b
+    b = None if ffn is None else ffn.b.to(dtype)
     W_bias = None if W is None else torch.cat([W, b[None]], dim=0).detach()   # (d + 1, m)
     return _Frame(Q, att.log_scale.exp().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias)
 
@@ -103,11 +103,16 @@ def _total(rows: Tensor, valid: Tensor) -> Tensor:
 
 
 class RotatedStack:
-    """The anchored stack of `model` on input X (B, n, d) with `valid` (B, n) (True = real), in rotated bases."""
+    """The anchored stack of `model` on input X (B, n, d) with `valid` (B, n) (True = real), in rotated bases.
 
-    def __init__(self, model, X: Tensor, valid: Tensor):
+    `exact`: the traced forward's energies are float64 evaluations of the states (the layers' operators as
+    stored, converted to float64 exactly; the steps stay in X's dtype), for the safeguard (`model.py`)."""
+
+    def __init__(self, model, X: Tensor, valid: Tensor, exact: bool = False):
         self.tied, self.depth = model.config.tied, model.config.depth
         self.frames = [_frame(layer, X.dtype) for layer in model.layers]
+        self.exact = exact and X.dtype != torch.float64
+        self.frames64 = [_frame(layer, torch.float64) for layer in model.layers] if self.exact else self.frames
         self.exp = get_rho(self.frames[0].layer.attention.rho).softmax
         self.X, self.valid = X, valid
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
@@ -118,6 +123,9 @@ class RotatedStack:
 
     def frame(self, ell: int) -> _Frame:
         return self.frames[0 if self.tied else ell]
+
+    def frame64(self, ell: int) -> _Frame:
+        return self.frames64[0 if self.tied else ell]
 
     def anchor(self, ell: int) -> Tensor:
         return self.anchors[0 if self.tied else ell]
@@ -192,13 +200,20 @@ class RotatedStack:
         f = self.frame(ell)
         Xr = self.anchor(ell) if rows is None else self.anchor(ell)[rows]
         valid = self.valid if rows is None else self.valid[rows]
-        if carry is None and need_input and self.exp:                # one pass for E_ℓ at Y and the step from Y
+        if carry is None and need_input and self.exp and not self.exact:   # one pass for E_ℓ at Y and the step
             carry = self._pass(f, Y, valid, average=True)
         U, in_pass = self._attend(f, Y, Xr, valid, scale, carry)
-        at_input = self._terms(f, Y, Xr, valid, in_pass, None) if need_input else None
         Y_new, hidden = self._ffn(f, U, scale, f.W, None)
-        at_middle = self._terms(f, U, Xr, valid, None, hidden) if substeps else None
         reuse = self.exp and self.tied and ell < self.depth - 1       # the next step starts from Y_new
+        if self.exact:                                               # energies: float64 from the states
+            f64, X64 = self.frame64(ell), Xr.double()
+            terms = lambda Z: self._terms(f64, Z.double(), X64, valid, None, None)   # noqa: E731
+            at_input = terms(Y) if need_input else None
+            at_middle = terms(U) if substeps else None
+            out_pass = self._pass(f, Y_new, valid, average=True) if reuse else None
+            return LayerTrace(U, Y_new, at_middle, terms(Y_new), at_input, in_pass, out_pass)
+        at_input = self._terms(f, Y, Xr, valid, in_pass, None) if need_input else None
+        at_middle = self._terms(f, U, Xr, valid, None, hidden) if substeps else None
         out_pass = self._pass(f, Y_new, valid, average=reuse)
         at_output = self._terms(f, Y_new, Xr, valid, out_pass, None)
         return LayerTrace(U, Y_new, at_middle, at_output, at_input, in_pass, out_pass if reuse else None)

@@ -125,15 +125,19 @@ PRECISION_TARGET = 2.0 ** -10
 
 
 def logit_error_bound(radius_sq: Tensor, k: int, dtype: torch.dtype) -> Tensor:
-    """4 γ_{k+2} R²: a bound on |fl(ℓ_ij) − ℓ_ij| (hence on the error of log S_i and on the relative error of
-    each weight) for Gram-form logits of centred features with max ‖a_i‖² = R² (`radius_sq`), width k.
+    """4 γ_{k+4} R²: a first-order bound on |fl(ℓ_ij) − ℓ_ij| (hence on the error of log S_i, of each z_ij, and
+    on the relative error of each weight e^{−z_ij}) for Gram-form logits of centred features with
+    max ‖a_i‖² = R² (`radius_sq`), width k, in `dtype` (u = eps/2, γ_m = m u / (1 − m u)).
 
-    The logit q_i·k_j is a dot product of length k + 1 with Σ|q||k| ≤ ‖a_i‖‖a_j‖ + ½‖a_j‖² ≤ 3R²/2 (error
-    γ_{k+1}·3R²/2); its key entry ½‖a_j‖² carries γ_k R²/2, and so does the ½‖a_i‖² subtracted from the LSE;
-    the LSE's own rounding is u (|LSE| + log n) ≤ u (R²/2 + log n). Together ≤ (3/2 + 1 + 1/2 + 1) γ_{k+2} R²
-    plus u log n, which the 4 γ_{k+2} R² covers for R² ≥ 1 and is below the target otherwise."""
+    The features a = fl(fl(c − mean)·s) carry 2u relative per entry, which moves z_ij by at most
+    ‖a_i − a_j‖·2u(‖a_i‖ + ‖a_j‖) ≤ 8u R². The logit q_i·k_j is a dot product of length k + 1 with
+    Σ|q||k| ≤ ‖a_i‖‖a_j‖ + ½‖a_j‖² ≤ 3R²/2 (error γ_{k+1}·3R²/2); its key entry ½‖a_j‖² carries γ_k R²/2, and
+    so does the ½‖a_i‖² subtracted from the LSE; the LSE's own rounding is u(|LSE| + log n) ≤ u(R²/2 + log n).
+    Together ≤ (3/2 + 1/2 + 1/2 + 1/2) γ_{k+1} R² + 8u R² + u log n ≤ 4 γ_{k+4} R² + u log n; the u log n
+    (≤ 1e-6 in float32 for n ≤ 10⁶) is below every tolerance that uses the bound. The same bound covers the
+    Gram form of z_ij in `kernels.py` (rows [−a_i, ½‖a_i‖², 1], columns [a_j, 1, ½‖a_j‖²])."""
     u = torch.finfo(dtype).eps / 2
-    gamma = (k + 2) * u / (1 - (k + 2) * u)
+    gamma = (k + 4) * u / (1 - (k + 4) * u)
     return 4 * gamma * radius_sq
 
 

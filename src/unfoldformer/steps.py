@@ -88,9 +88,10 @@ def exp_attention_mask(a: Tensor, valid: Tensor) -> Tensor:
 
 def _weighted_average(Y: Tensor, factors: Tensor, r: Rho, valid: Tensor,
                       subspaces: Tensor | None, use_sdpa: bool) -> tuple[Tensor, Tensor]:
-    """D⁻¹BV per head and V = head coordinates: both (B, H, n, dh)."""
+    """D⁻¹BV per head and V = head coordinates, both centred on the real tokens' mean: (B, H, n, dh) each
+    (the step needs avg − V only, which the shift leaves unchanged and which then rounds at the spread)."""
     H = factors.shape[0]
-    V = head_values(Y, H, subspaces)                               # (B, H, n, dh)
+    V = centred(head_values(Y, H, subspaces), valid)               # (B, H, n, dh) avg − V is shift-invariant
     if r.softmax and use_sdpa:
         a = centred(head_features(Y, factors), valid)              # (B, H, n, k) z_ij unchanged, offsets removed
         a = a if not needs_float64(a, valid) else a.double()      # far groups: logits in float64
