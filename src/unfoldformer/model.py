@@ -33,7 +33,8 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
 For ρ = exp each state's attention pass serves both its energy and the step from it
 (`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
-FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
+FFN product Y⁽ᵗ⁾ W1 per layer that no alternating step computes (the joint layer's step computes it:
+one extra pass and hidden layer in all). For a joint layer `"steps"` has no intermediate state: U = Y⁺.
 """
 from __future__ import annotations
 
