@@ -64,7 +64,7 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
                                  cfg.basis_map or "exp", length_norm=cfg.attention_norm == "length")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
-            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, None), cfg.ffn_weight)
+            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, 1.0), cfg.ffn_weight)   # ffn.alpha unused
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp")
     else:
