@@ -75,6 +75,20 @@ def test_predict_command_prints_labels_probabilities_and_curves(run_dir, tmp_pat
     assert line.split()[0] in ("negative", "positive") and "E/n:" in line and "great fun" in line
 
 
+def test_predict_gives_a_joint_models_curve_that_never_rises(sst2_dir, tmp_path, capsys):
+    """A trained certified-joint model (THEORY §3.7): `predict` prints its curve, which never rises without the
+    safeguard, and agrees with the model's own forward."""
+    out = tmp_path / "joint"
+    cfg = TrainConfig().with_overrides([*TINY_TRAIN, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out),
+                                        "--model.kind", "certified-joint", "--model.ffn_hidden", "32"])
+    train(cfg)
+    texts = ["a good film , great", "bad and dull", "an utterly , utterly boring plot"]
+    preds = uf.load(out)(texts)
+    assert all(p.never_rises and len(p.energies) == cfg.model.encoder_config().depth + 1 for p in preds)
+    assert main(["predict", str(out), "--text", texts[0], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["energies"] == preds[0].energies
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "no texts"),
     (["--file", "/nonexistent/texts.txt"], "cannot read it"),

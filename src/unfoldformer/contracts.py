@@ -28,6 +28,7 @@ SEED_MAX = 2**32 - 1
 #: kind -> (upper bound, whether it is included, what certifies it). Lower bound 0, excluded.
 CERTIFIED_STEPS = {
     "anchored": (1.0, True, "anchored attention (THEORY §3.3)"),
+    "joint": (1.0, True, "the joint layer (THEORY §3.7)"),
     "metric": (1.0, True, "Theorem A"),                 # (0, 2) for a PSD kernel: `certified_step_range`
     "tied": (2.0, False, "the tied FFN (THEORY §3.4, F2)"),
     "symmetric": (1.0, True, "the symmetric FFN with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)"),

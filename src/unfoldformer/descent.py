@@ -14,6 +14,17 @@ state's dtype (floored at 1e-12 for float64 states, whose energies sum many term
 
 The same rule serves the safeguard (THEORY §3.5), the evaluation statistics and the reports.
 Functions take torch tensors or numpy arrays alike.
+
+What the allowance covers, and what it does not (THEORY §3.10 (i); docs/theory.md, "Numerics of the
+fast paths"). It covers the rounding of the states themselves: E(fl(Y)) − E(Y) is of order
+u·‖∇E‖‖Y‖, a few u·|E| for states at the energy's own scale. It does **not** cover the error of a
+float32 *evaluation* of E: the fused pass's logits err by up to 4γ_{k+4}R² (R² = max ‖a_i − mean‖²,
+`softmax.logit_error_bound`), which is 8.6e-5 relative for R² = 10, k = 32 — far above 1e-6. So no descent
+decision is taken on float32 evaluations: the safeguard (`model.py`) evaluates the float32 states in
+float64 (operators converted exactly), where that bound is 1.6e-14·R² (k = 32), under a tenth of the
+float32 allowance for R² < 6e6; a layer it accepts therefore does not rise beyond
+tol·(1 + |E|) under an independent float64 evaluation of the returned states. Statistics over float32
+energies without the safeguard (`DescentCounts` on a traced forward) inherit the float32 pass's bound.
 """
 from __future__ import annotations
 

@@ -27,8 +27,9 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .rho import Rho
+from .softmax import PRECISION_TARGET, logit_error_bound
 
-__all__ = ["kernel_sums", "weighted_average"]
+__all__ = ["centred", "kernel_sums", "needs_float64", "weighted_average"]
 
 #: Entries of one (B·H, chunk, n) weight block: 2^20 (4 MiB in float32; measured fastest on one
 #: AVX-512 core at n = 4,096, where it is 64 query rows of 4 heads).
@@ -109,6 +110,22 @@ class _KernelSums(torch.autograd.Function):
         return grad_a, grad_V, None, None
 
 
+def centred(a: Tensor, valid: Tensor) -> Tensor:
+    """Head features minus their mean over the real tokens, (B, H, n, k): every z_ij is unchanged, and the
+    Gram-form distances lose the common part (docs/theory.md, "Numerics of the fast paths")."""
+    w = valid.to(a.dtype)[:, None, :, None]                        # (B, 1, n, 1)
+    mean = (a * w).sum(2, keepdim=True) / w.sum(2, keepdim=True).clamp_min(1.0)   # (B, H, 1, k)
+    return a - mean
+
+
+def needs_float64(a: Tensor, valid: Tensor) -> bool:
+    """Whether Gram-form logits of centred features a (B, H, n, k) exceed `softmax.PRECISION_TARGET` in a's dtype."""
+    if a.dtype == torch.float64 or a.shape[2] < 2:
+        return False
+    radius_sq = (a.detach() * a.detach()).sum(-1).where(valid[:, None], 0.0).max()
+    return float(logit_error_bound(radius_sq, a.shape[-1], a.dtype)) > PRECISION_TARGET
+
+
 def kernel_sums(a: Tensor, values: Tensor, rho: Rho, *, chunk_size: int | None = None) -> Tensor:
     """S_i = Σ_j ρ'(½‖a_i − a_j‖²) v_j per batch and head (THEORY §3.1): a (B, H, n, k), values
     (B, H, n, m) -> (B, H, n, m), in blocks of `chunk_size` query rows (default: `BLOCK_ELEMENTS` per block).
@@ -131,9 +148,15 @@ def weighted_average(a: Tensor, V: Tensor, valid: Tensor, rho: Rho, *,
     """Numerator Σ_j β_ij c_j and degree d_i = Σ_j β_ij over real keys j (β_ij = ρ'(z_ij), THEORY §3.1).
 
     a (B, H, n, k) head features, V (B, H, n, dh) head coordinates c, `valid` (B, n) True = real token
-    -> ((B, H, n, dh), (B, H, n, 1)). One `kernel_sums` over the values [m_j c_j, m_j].
+    -> ((B, H, n, dh), (B, H, n, 1)). One `kernel_sums` over the values [m_j c_j, m_j], on features centred on
+    the real tokens' mean (`centred`), in float64 where the float32 distances' bound exceeds the target
+    (`needs_float64`; docs/theory.md, "Numerics of the fast paths").
     """
+    a = centred(a, valid)                                            # (B, H, n, k) same z_ij, no common offset
+    dtype = V.dtype
+    if needs_float64(a, valid):                                      # far groups, large norms: distances in float64
+        a, V = a.double(), V.double()
     keep = valid[:, None, :, None].to(V.dtype)                       # (B, 1, n, 1)
     sums = kernel_sums(a, torch.cat([V * keep, keep.expand(*V.shape[:-1], 1)], dim=-1), rho,
-                       chunk_size=chunk_size)                        # (B, H, n, dh + 1)
+                       chunk_size=chunk_size).to(dtype)              # (B, H, n, dh + 1)
     return sums[..., :-1], sums[..., -1:]

@@ -49,15 +49,27 @@ def _head_subspaces(basis: nn.Module | None, H: int, d: int) -> Tensor | None:
     return basis.weight.reshape(d, H, d // H).permute(1, 0, 2)   # (H, d, dh)
 
 
+def length_weight(valid: Tensor) -> Tensor:
+    """1/n per sample, n = its real tokens (at least 1): (B, n) bool -> (B,) float64 (THEORY §3.7)."""
+    return 1.0 / valid.sum(1).clamp_min(1).to(torch.float64)
+
+
+def _valid(Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+    return torch.ones(Y.shape[:2], dtype=torch.bool, device=Y.device) if padding_mask is None else ~padding_mask
+
+
 class AnchoredAttention(nn.Module):
-    """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3)."""
+    """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3).
+
+    `length_norm`: the attention term weighted by 1/n (n = the sample's real tokens), i.e. λ/n per sample."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
-                 basis_map: str = "exp", *, certified: bool = True):
+                 basis_map: str = "exp", length_norm: bool = False, *, certified: bool = True):
         super().__init__()
         check_positive("anchor_weight", lam)
         check_step("alpha_attention", alpha, "anchored", certified=certified)
         self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
+        self.length_norm = length_norm
         dh = d // n_heads
         self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
         self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
@@ -72,13 +84,19 @@ class AnchoredAttention(nn.Module):
     def factors(self) -> Tensor:
         return isotropic_factors(self.log_scale.exp(), self.d, self.subspaces())  # (H, dh, d)
 
+    def sample_lam(self, valid: Tensor) -> float | Tensor:
+        """λ, or λ/n per sample (B,) with length normalisation."""
+        return self.lam * length_weight(valid) if self.length_norm else self.lam
+
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return anchored_attention_step(Y, X, self.log_scale.exp(), self.lam, self.rho,
-                                       self.alpha * scale, padding_mask, self.subspaces(), certified=False)
+        return anchored_attention_step(Y, X, self.log_scale.exp(), self.sample_lam(_valid(Y, padding_mask)),
+                                       self.rho, self.alpha * scale, padding_mask, self.subspaces(), certified=False)
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
-        return (E.attention_energy(Y, self.factors(), self.rho, padding_mask)
-                + E.anchor_energy(Y, X, padding_mask) / self.lam)
+        e_attention = E.attention_energy(Y, self.factors(), self.rho, padding_mask)     # (B,) float64
+        if self.length_norm:
+            e_attention = e_attention * length_weight(_valid(Y, padding_mask))
+        return e_attention + E.anchor_energy(Y, X, padding_mask) / self.lam
 
 
 class MetricAttention(nn.Module):

@@ -7,12 +7,20 @@ key_padding_mask convention). The input is validated once per forward. Anchored 
 tied FFN run in their own learned bases (`rotated.py`: same parameters, the same results to
 round-off, no head projections); the other layers run as their modules.
 
-**Safeguard** (THEORY §3.5): each sub-step descends its own term, but a whole layer need not
-lower E = E_A + E_FFN. With `safeguard=True` every layer step is accepted per sample only if E
-does not rise (beyond `descent_tolerance`); otherwise its step size is halved, up to
-`max_halvings` times, after which the sample keeps its state (the layer is skipped for it). The
-energy curve then never rises, by construction. It needs the energies of every layer, so it is
-off unless asked for.
+**Joint layer** (`layer="joint"`, THEORY §3.7, `joint.py`): attention and the tied FFN in one MM step
+on the whole layer energy, which every layer lowers by construction; its curve comes from the steps'
+own passes and hidden layers (one more of each at the last state).
+
+**Safeguard** (THEORY §3.5): each sub-step of the alternating layer descends its own term, but a whole
+layer need not lower E = E_A + E_FFN (the joint layer does; the safeguard then never backtracks).
+With `safeguard=True` every layer step is accepted per sample only if E does not rise (beyond
+`descent_tolerance`); otherwise its step size is halved, up to `max_halvings` times, after which the
+sample keeps its state (the layer is skipped for it). The energy curve then never rises, by
+construction. It needs the energies of every layer, so it is off unless asked for. With states in
+float32 (or lower) the safeguard decides on float64 evaluations of the states (operators as stored,
+converted exactly; the steps stay in the states' dtype), and the energies it returns are those: an
+accepted layer does not rise under an independent float64 evaluation (docs/theory.md, "Numerics of the
+fast paths"; float32 passes err by up to 4γR², `softmax.logit_error_bound`).
 
 Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
@@ -25,10 +33,12 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
 For ρ = exp each state's attention pass serves both its energy and the step from it
 (`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
-FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
+FFN product Y⁽ᵗ⁾ W1 per layer that no alternating step computes (the joint layer's step computes it:
+one extra pass and hidden layer in all). For a joint layer `"steps"` has no intermediate state: U = Y⁺.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +50,7 @@ from .descent import descent_tolerance, lowered
 from .energy import check_dtype, check_states
 from .errors import ConfigError
 from .hub import PretrainedMixin
+from .joint import JointLayer, JointStack
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
@@ -52,7 +63,10 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     d, H = cfg.d_model, cfg.n_heads
     if cfg.attention == "anchored":
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
-                                 cfg.basis_map or "exp", certified=cfg.certified)
+                                 cfg.basis_map or "exp", certified=bool(cfg.certified),
+                                 length_norm=cfg.attention_norm == "length")
+        if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
+            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, 1.0), cfg.ffn_weight)   # ffn.alpha unused
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp",
                                certified=cfg.certified)
@@ -176,8 +190,11 @@ def _empty_output(x: Tensor, depth: int, detail: str | None) -> EncoderOutput:
 class _ModuleStack:
     """The layers as modules, in original coordinates (metric and released attention, other FFNs)."""
 
-    def __init__(self, model: UnfoldedTransformer, X: Tensor, mask: Tensor | None):
+    def __init__(self, model: UnfoldedTransformer, X: Tensor, mask: Tensor | None, exact: bool = False):
         self.model, self.X, self.mask = model, X, mask
+        # `exact`: energies from float64 copies of the layers at the float64 states (the steps stay in X's dtype)
+        self.exact = [copy.deepcopy(layer).double() for layer in model.layers] \
+            if exact and X.dtype != torch.float64 else None
 
     def run(self) -> Tensor:
         Y = self.X
@@ -191,6 +208,12 @@ class _ModuleStack:
     def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry, scale: float, substeps: bool,
               need_input: bool) -> LayerTrace:
         layer, X, mask = self.model.layer(ell), _take(self.X, rows), _take(self.mask, rows)
+        if self.exact is not None:
+            exact, X64 = self.exact[0 if self.model.config.tied else ell], X.double()
+            terms = lambda Z: exact.energy_terms(Z.double(), X64, mask)   # noqa: E731
+            trace = layer.traced(Y, X, mask, scale, substeps=False)
+            return trace._replace(at_middle=terms(trace.middle) if substeps else None, at_output=terms(trace.output),
+                                  at_input=terms(Y) if need_input else None)
         at_input = layer.energy_terms(Y, X, mask) if need_input else None
         return layer.traced(Y, X, mask, scale, substeps)._replace(at_input=at_input)
 
@@ -249,8 +272,10 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
         if x.shape[0] == 0:                                          # an empty batch: empty outputs
             return _empty_output(x, self.config.depth, detail)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
-            stack = (RotatedStack(self, x, valid) if all(runs_rotated(layer) for layer in self.layers)
-                     else _ModuleStack(self, x, padding_mask))
+            exact = safeguard and x.dtype != torch.float64           # decide on float64 evaluations
+            rotated = JointStack if isinstance(self.layers[0], JointLayer) else RotatedStack
+            stack = (rotated(self, x, valid, exact) if all(runs_rotated(layer) for layer in self.layers)
+                     else _ModuleStack(self, x, padding_mask, exact))
             if detail is None:
                 return EncoderOutput(hidden=stack.run())
             return self._traced_forward(stack, detail == "steps", max_halvings if safeguard else None)

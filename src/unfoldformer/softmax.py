@@ -32,8 +32,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionPass", "MASKED", "attention_pass", "key_bias", "mass_energy", "masked_logit",
-           "softmax_with_lse"]
+__all__ = ["AttentionPass", "MASKED", "PRECISION_TARGET", "attention_pass", "key_bias", "logit_error_bound",
+           "mass_energy", "masked_logit", "softmax_with_lse"]
 
 MASKED = -1e30               # logit of a masked pair: e^{MASKED − max} is exactly 0 in float32 and float64
 
@@ -119,13 +119,38 @@ def _diagonal_band(rows: int, n: int, dtype: torch.dtype, device: torch.device) 
     return band
 
 
+#: Largest first-order bound on the logits' round-off (`logit_error_bound`) the pass accepts in the
+#: inputs' dtype; above it the pass runs in float64 (docs/theory.md, "Numerics of the fast paths").
+PRECISION_TARGET = 2.0 ** -10
+
+
+def logit_error_bound(radius_sq: Tensor, k: int, dtype: torch.dtype) -> Tensor:
+    """4 γ_{k+4} R²: a first-order bound on |fl(ℓ_ij) − ℓ_ij| (hence on the error of log S_i, of each z_ij, and
+    on the relative error of each weight e^{−z_ij}) for Gram-form logits of centred features with
+    max ‖a_i‖² = R² (`radius_sq`), width k, in `dtype` (u = eps/2, γ_m = m u / (1 − m u)).
+
+    The features a = fl(fl(c − mean)·s) carry 2u relative per entry, which moves z_ij by at most
+    ‖a_i − a_j‖·2u(‖a_i‖ + ‖a_j‖) ≤ 8u R². The logit q_i·k_j is a dot product of length k + 1 with
+    Σ|q||k| ≤ ‖a_i‖‖a_j‖ + ½‖a_j‖² ≤ 3R²/2 (error γ_{k+1}·3R²/2); its key entry ½‖a_j‖² carries γ_k R²/2, and
+    so does the ½‖a_i‖² subtracted from the LSE; the LSE's own rounding is u(|LSE| + log n) ≤ u(R²/2 + log n).
+    Together ≤ (3/2 + 1/2 + 1/2 + 1/2) γ_{k+1} R² + 8u R² + u log n ≤ 4 γ_{k+4} R² + u log n; the u log n
+    (≤ 1e-6 in float32 for n ≤ 10⁶) is below every tolerance that uses the bound. The same bound covers the
+    Gram form of z_ij in `kernels.py` (rows [−a_i, ½‖a_i‖², 1], columns [a_j, 1, ½‖a_j‖²])."""
+    u = torch.finfo(dtype).eps / 2
+    gamma = (k + 4) * u / (1 - (k + 4) * u)
+    return 4 * gamma * radius_sq
+
+
 def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal: bool = False,
                    average: bool = True, rows: int | None = None, fused: bool | None = None) -> AttentionPass:
     """S_i and o_i (module doc) of every token and head, from head coordinates C (B, n, H, dh).
 
     `scales` (H,): features a = s_h c (None: a = c); `valid` (B, n) True = real token. The features are
-    centred on the mean of the real tokens first: z_ij does not change, and the logits lose the common
-    part of the a_i, which would otherwise cost float32 digits (round-off grows with ‖a_i‖²).
+    centred on the mean of the real tokens first, a_i = s_h (c_i − mean) (the difference first, exact for
+    a common offset): z_ij does not change, and the logits lose the common part of the a_i, which would
+    otherwise cost digits (the logits' round-off grows with max ‖a_i‖², `logit_error_bound`). Where that
+    bound exceeds `PRECISION_TARGET` (tokens in groups far apart, large norms) the pass runs in float64 and
+    its results are rounded back to C's dtype (docs/theory.md, "Numerics of the fast paths").
     `diagonal`: count j = i (d_i and its average, one call without a mask; for steps, not energies).
     With `average=False` only the log mass (the values are then the keys, which saves building them).
     `rows`: queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
@@ -135,8 +160,15 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
     mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
     s = torch.ones(H, 1, dtype=C.dtype, device=C.device) if scales is None else scales.to(C.dtype)[:, None]
-    a = torch.addcmul(-(mean * s), C, s)                           # (B, n, H, dh) a_i − mean = s_h (c_i − mean)
+    a = (C - mean) * s                                             # (B, n, H, dh) s_h (c_i − mean)
     half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
+    if C.dtype != torch.float64 and n > 1:
+        radius_sq = 2 * half.detach()[..., 0].where(valid[..., None], 0.0).max()
+        if float(logit_error_bound(radius_sq, dh, C.dtype)) > PRECISION_TARGET:
+            wide = attention_pass(C.double(), None if scales is None else scales.double(), valid, diagonal=diagonal,
+                                  average=average, rows=rows, fused=fused)
+            avg = None if wide.average is None else wide.average.to(C.dtype)
+            return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
     k = torch.cat([a, key_bias(valid, C.dtype) - half], dim=-1)    # (B, n, H, dh + 1)
     if average:

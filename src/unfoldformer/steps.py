@@ -29,8 +29,9 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from .contracts import check_positive, check_step
+from .errors import ConfigError
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
-from .kernels import weighted_average
+from .kernels import centred, needs_float64, weighted_average
 from .rho import Rho, get_rho
 from .softmax import AttentionPass, attention_pass
 
@@ -92,13 +93,15 @@ def exp_attention_mask(a: Tensor, valid: Tensor) -> Tensor:
 
 def _weighted_average(Y: Tensor, factors: Tensor, r: Rho, valid: Tensor,
                       subspaces: Tensor | None, use_sdpa: bool) -> tuple[Tensor, Tensor]:
-    """D⁻¹BV per head and V = head coordinates: both (B, H, n, dh)."""
+    """D⁻¹BV per head and V = head coordinates, both centred on the real tokens' mean: (B, H, n, dh) each
+    (the step needs avg − V only, which the shift leaves unchanged and which then rounds at the spread)."""
     H = factors.shape[0]
-    V = head_values(Y, H, subspaces)                               # (B, H, n, dh)
+    V = centred(head_values(Y, H, subspaces), valid)               # (B, H, n, dh) avg − V is shift-invariant
     if r.softmax and use_sdpa:
-        a = head_features(Y, factors)                              # (B, H, n, k)
-        avg = F_nn.scaled_dot_product_attention(a, a, V, attn_mask=exp_attention_mask(a, valid), scale=1.0)
-        return avg, V
+        a = centred(head_features(Y, factors), valid)              # (B, H, n, k) z_ij unchanged, offsets removed
+        a = a if not needs_float64(a, valid) else a.double()      # far groups: logits in float64
+        avg = F_nn.scaled_dot_product_attention(a, a, V.to(a.dtype), attn_mask=exp_attention_mask(a, valid), scale=1.0)
+        return avg.to(Y.dtype), V
     if use_sdpa:                                                   # blocked kernel: O(n · block) memory
         num, deg = weighted_average(head_features(Y, factors), V, valid, r)   # (B, H, n, dh), (B, H, n, 1)
     else:                                                          # the dense reference: all n × n weights
@@ -147,29 +150,30 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
     """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
     C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
-    s_h; `log_nu` (H,) log ν_h = log(λ s_h²); `valid` (B, n) True = real token. The target
+    s_h; `log_nu` (H,) log ν_h = log(λ s_h²), or (B, 1, H) per sample (length normalisation);
+    `valid` (B, n) True = real token. The target
         t_i = (ν Σ_j β_ij c_j + x_i) / (ν d_i + 1) = x_i + σ(log ν + log d_i) (o⁺_i − x_i)
-    from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average; the default, no mask), or, from an
-    off-diagonal pass `attention` (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C),
+    from a pass with the diagonal (d_i = Σ_j β_ij, o⁺_i its average, when such a pass is given), or, from the
+    off-diagonal pass (S_i, o_i: β_ii = 1 split off, the pass that also gives E_A at C; the default),
         t_i = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν) = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),
     p_i = (ν c_i + x_i) / (ν + 1). Then c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic
     with α). Returns c⁺ (B, n, H, dh) and the pass. α ∈ (0, 1] (`certified=False`: any finite α > 0).
     """
     alpha = check_step("alpha", alpha, "anchored", certified=certified)
-    if attention is None or attention.average is None:
-        attention = attention_pass(C, scales, valid, diagonal=True)
+    if attention is None or attention.average is None:            # the off-diagonal pass, as the traced forward:
+        attention = attention_pass(C, scales, valid)               # S_i's error is relative to S_i, not to 1 + S_i
     log_nu = log_nu.to(C.dtype)
     if attention.diagonal:
         gate = torch.sigmoid(log_nu + attention.log_mass)[..., None]   # (B, n, H, 1) ν d / (ν d + 1)
         target = torch.lerp(Xc, attention.average, gate)           # (B, n, H, dh) t_i
     else:
-        p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[:, None])    # (B, n, H, dh) p_i
+        p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[..., None])  # (B, n, H, dh) p_i
         gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
         target = torch.lerp(p, attention.average, gate)            # (B, n, H, dh) t_i
     return (target if alpha == 1 else torch.lerp(C, target, float(alpha))), attention
 
 
-def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1.0,
+def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float | Tensor = 1.0,
                             rho: str | Rho = "exp", alpha: float = 1.0,
                             padding_mask: Tensor | None = None,
                             subspaces: Tensor | None = None, *, certified: bool = True) -> Tensor:
@@ -181,19 +185,24 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     log-sum-exp gives the off-diagonal mass; the self and anchor terms enter in closed form
     (`anchored_softmax_update`), so it never overflows and stores no n×n weights. Other ρ run
     through the blocked kernel (`kernels.weighted_average`: Σ_j β_ij c_j and d_i in one pass).
-    `padding_mask` (B, n) bool, True marks padding. `lam` must be a finite number > 0 and `alpha` lie
-    in (0, 1]; `certified=False` allows any finite α > 0.
+    `padding_mask` (B, n) bool, True marks padding. `lam`: a finite number > 0, or (B,) per sample (λ/n
+    for the length-normalised energy); `alpha` in (0, 1]; `certified=False` allows any finite α > 0.
     """
     alpha = check_step("alpha", alpha, "anchored", certified=certified)
-    lam = check_positive("lam", lam)
     valid = check_states(Y, padding_mask)
     if X.shape != Y.shape:
         raise ValueError(f"anchor X must have Y's shape {tuple(Y.shape)}, got {tuple(X.shape)}")
+    if isinstance(lam, Tensor) and lam.numel() > 1:               # one per sample (λ/n)
+        if lam.dim() > 1 or lam.numel() != Y.shape[0] or not bool((torch.isfinite(lam) & (lam > 0)).all()):
+            raise ConfigError(f"lam must be a finite number > 0, or one per sample (B,), got {lam}")
+        lam = lam.to(Y.dtype)
+    else:
+        lam = torch.as_tensor(check_positive("lam", lam), dtype=Y.dtype, device=Y.device)
     H, d = scales.shape[0], Y.shape[-1]
     subspaces = check_subspaces(subspaces, H, d)
     r = get_rho(rho)
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
-    log_nu = torch.log(torch.as_tensor(lam, dtype=Y.dtype)) + 2 * torch.log(scales.to(Y.dtype).abs())
+    log_nu = lam.log().reshape(-1, 1, 1) + 2 * torch.log(scales.to(Y.dtype).abs())   # (1 or B, 1, H)
     if r.softmax:
         keep = valid[:, None, :, None]                             # padded rows zeroed: finite whatever they hold
         C, Xc = V.where(keep, 0.0).transpose(1, 2), Xh.where(keep, 0.0).transpose(1, 2)   # (B, n, H, dh)
@@ -202,7 +211,7 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float = 1
     else:
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
         num, deg = weighted_average(a, V, valid, r)                # (B, H, n, dh), (B, H, n, 1)
-        nu = log_nu.exp()[None, :, None, None]
+        nu = log_nu.exp().transpose(1, 2)[..., None]               # (1 or B, H, 1, 1)
         target = (nu * num + Xh) / (nu * deg + 1)
     return _keep_padding(Y, Y + alpha * merge_heads(target - V, subspaces), valid)
 

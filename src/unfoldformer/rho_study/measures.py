@@ -130,8 +130,9 @@ def diversity(Y: Tensor, padding_mask: Tensor | None) -> dict[str, Tensor]:
     total = unit.sum(1).pow(2).sum(-1)                             # Σ_ij cos_ij over real pairs, i = j included
     cosine = (total - count) / (count * (count - 1)).clamp_min(1)
     cosine = torch.where(count >= 2, cosine, torch.full_like(cosine, math.nan))
-    gram = Yd @ Yd.transpose(1, 2) if n <= Yd.shape[-1] else Yd.transpose(1, 2) @ Yd   # the smaller Gram matrix
-    sigma = torch.linalg.eigvalsh(gram).clamp_min(0.0).sqrt()      # singular values of Y (padded rows add 0)
+    # singular values of Y directly (padded rows add 0): a Gram matrix's zero eigenvalue comes out at ±u σ_max²,
+    # whose square root √u σ_max would enter the entropy as a spurious direction (~1e-7 of the effective rank)
+    sigma = torch.linalg.svdvals(Yd)                               # (B, min(n, d))
     p = sigma / sigma.sum(-1, keepdim=True).clamp_min(1e-300)
     erank = torch.exp(-(torch.where(p > 0, p * torch.log(p.clamp_min(1e-300)), torch.zeros((), dtype=p.dtype))).sum(-1))
     mean = Yd.sum(1, keepdim=True) / count.clamp_min(1)[:, None, None]   # (B, 1, d)

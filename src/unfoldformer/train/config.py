@@ -39,6 +39,7 @@ __all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection",
 
 #: model.kind -> (preset, tied)
 KIND_PRESETS = {"certified-tied": ("certified", True), "certified-untied": ("certified", False),
+                "certified-joint": ("certified-joint", True), "certified-joint-untied": ("certified-joint", False),
                 "paper": ("paper", None), "paper-as-released": ("paper-as-released", None),
                 "standard": ("standard", None), "energy-transformer": ("energy-transformer", None),
                 "crate": ("crate", None)}
