@@ -8,10 +8,10 @@ E_H(Y) = ½‖Ỹ‖² − ½‖ReLU(Ỹ W̃ + b)‖² — so the whole stack ru
 parameters and the same result:
 
 - X̃ = X Q once per forward (per distinct layer: once for tied layers);
-- the tied FFN folds the change of basis from layer ℓ to layer ℓ + 1 into its weights,
-      Ỹ_{ℓ+1} = (1 − α) Ũ Q_ℓᵀ Q_{ℓ+1} + α ReLU(Ũ Q_ℓᵀ W1 + b) (Q_{ℓ+1}ᵀ W1)ᵀ,
-  which for α = 1 costs two d × m weight products per forward and nothing per token, and for tied
-  layers (Q_ℓ = Q_{ℓ+1}) nothing at all; the last layer writes original coordinates (Q_{L+1} = I);
+- the state moves from layer ℓ's basis to layer ℓ + 1's by one d × d product, Ỹ_{ℓ+1} = Ỹ_ℓ⁺ Q_ℓᵀ Q_{ℓ+1},
+  nothing for tied layers (Q_ℓ = Q_{ℓ+1}) but the last, which returns original coordinates (Q_{L+1} = I);
+  plain and traced forwards take exactly these steps (the change of basis is no longer folded into the
+  FFN's output weights, which rounded differently from the traced path's);
 - steps at α = 1 skip the arithmetic with α and 1 − α.
 
 Padding: padded rows are zeroed once at the start (finite, whatever they held) and restored from X
@@ -112,7 +112,6 @@ class RotatedStack:
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
         self.anchors = [X0 if f.Q is None else X0 @ f.Q for f in self.frames]   # (B, n, d) X̃ per distinct layer
-        self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
 
     def frame(self, ell: int) -> _Frame:
         return self.frames[0 if self.tied else ell]
@@ -125,29 +124,19 @@ class RotatedStack:
 
     # ------------------------------------------------------------------ plain forward
     def run(self) -> Tensor:
-        """All layers, each FFN writing the next layer's basis (original coordinates after the last)."""
+        """All layers, each in its own basis, then into the next one (original coordinates after the last): the
+        operations of the traced forward (`trial`, `advance`), so both compute the same function to the bit."""
         Y = self.anchors[0]
         for ell in range(self.depth):
-            U, _ = self._attend(self.frame(ell), Y, self.anchor(ell), self.valid, 1.0, None)
-            Y, _ = self._ffn(self.frame(ell), U, 1.0, *self._exit(ell))
+            f = self.frame(ell)
+            U, _ = self._attend(f, Y, self.anchor(ell), self.valid, 1.0, None)
+            Y, _ = self._ffn(f, U, 1.0, f.W, None)
+            Y = self.advance(ell, Y)
         return self.finish(Y)
 
     def finish(self, Y: Tensor) -> Tensor:
         """Original-coordinate output with the padded rows of X restored: (B, n, d)."""
         return torch.where(self.valid[..., None], Y, self.X)
-
-    def _exit(self, ell: int) -> tuple[Tensor | None, Tensor | None]:
-        """(W_out (d, m), turn (d, d) or None) mapping layer ℓ's FFN into the next basis: Q_nextᵀ W1, Q_ℓᵀ Q_next."""
-        f = self.frame(ell)
-        last = ell == self.depth - 1
-        if not last and self.tied:
-            return f.W, None
-        if ell not in self._exits:
-            nxt = None if last else self.frame(ell + 1).Q
-            W_out = f.W1 if (f.W1 is None or nxt is None) else nxt.T @ f.W1       # (d, m)
-            needs_turn = f.W is None or f.layer.ffn.alpha != 1
-            self._exits[ell] = (W_out, _change(f.Q, nxt) if needs_turn else None)
-        return self._exits[ell]
 
     # ------------------------------------------------------------------ the two sub-steps
     def _attend(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, scale: float,
