@@ -8,10 +8,12 @@ E_H(Y) = ½‖Ỹ‖² − ½‖ReLU(Ỹ W̃ + b)‖² — so the whole stack ru
 parameters and the same result:
 
 - X̃ = X Q once per forward (per distinct layer: once for tied layers);
-- the state moves from layer ℓ's basis to layer ℓ + 1's by one d × d product, Ỹ_{ℓ+1} = Ỹ_ℓ⁺ Q_ℓᵀ Q_{ℓ+1},
-  nothing for tied layers (Q_ℓ = Q_{ℓ+1}) but the last, which returns original coordinates (Q_{L+1} = I);
-  plain and traced forwards take exactly these steps (the change of basis is no longer folded into the
-  FFN's output weights, which rounded differently from the traced path's);
+- tied layers share one basis (Q_ℓ = Q_{ℓ+1}): the state stays in it and only the end maps it back
+  (Q_{L+1} = I), by the same product in the plain and the traced forward (bit-identical results);
+- untied: the plain forward folds the change of basis from layer ℓ to layer ℓ + 1 into the FFN's weights,
+      Ỹ_{ℓ+1} = (1 − α) Ũ Q_ℓᵀ Q_{ℓ+1} + α ReLU(Ũ Q_ℓᵀ W1 + b) (Q_{ℓ+1}ᵀ W1)ᵀ,
+  which for α = 1 costs two d × m weight products per forward and nothing per token; the traced forward
+  needs the state in both bases and applies Q_ℓᵀ Q_{ℓ+1} after (round-off apart);
 - steps at α = 1 skip the arithmetic with α and 1 − α.
 
 Padding: padded rows are zeroed once at the start (finite, whatever they held) and restored from X
@@ -108,6 +110,7 @@ class RotatedStack:
         self.frames64 = [_frame(layer, torch.float64) for layer in model.layers] if self.exact else self.frames
         self.exp = get_rho(self.frames[0].layer.attention.rho).softmax
         self.X, self.valid = X, valid
+        self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
@@ -124,19 +127,36 @@ class RotatedStack:
 
     # ------------------------------------------------------------------ plain forward
     def run(self) -> Tensor:
-        """All layers, each in its own basis, then into the next one (original coordinates after the last): the
-        operations of the traced forward (`trial`, `advance`), so both compute the same function to the bit."""
+        """All layers. Tied: each in the one basis, then into original coordinates — the operations of the traced
+        forward (`trial`, `advance`), so both return the same hidden states to the bit. Untied: each FFN writes
+        the next layer's basis through its folded output weights (`_exit`), which saves a d × d product per
+        layer and rounds differently from the traced forward's `advance` (same function to round-off)."""
         Y = self.anchors[0]
         for ell in range(self.depth):
             f = self.frame(ell)
             U, _ = self._attend(f, Y, self.anchor(ell), self.valid, 1.0, None)
-            Y, _ = self._ffn(f, U, 1.0, f.W, None)
-            Y = self.advance(ell, Y)
+            if self.tied:
+                Y = self.advance(ell, self._ffn(f, U, 1.0, f.W, None)[0])
+            else:
+                Y, _ = self._ffn(f, U, 1.0, *self._exit(ell))
         return self.finish(Y)
 
     def finish(self, Y: Tensor) -> Tensor:
         """Original-coordinate output with the padded rows of X restored: (B, n, d)."""
         return torch.where(self.valid[..., None], Y, self.X)
+
+    def _exit(self, ell: int) -> tuple[Tensor | None, Tensor | None]:
+        """(W_out (d, m), turn (d, d) or None) mapping layer ℓ's FFN into the next basis: Q_nextᵀ W1, Q_ℓᵀ Q_next."""
+        f = self.frame(ell)
+        last = ell == self.depth - 1
+        if not last and self.tied:
+            return f.W, None
+        if ell not in self._exits:
+            nxt = None if last else self.frame(ell + 1).Q
+            W_out = f.W1 if (f.W1 is None or nxt is None) else nxt.T @ f.W1       # (d, m)
+            needs_turn = f.W is None or f.layer.ffn.alpha != 1
+            self._exits[ell] = (W_out, _change(f.Q, nxt) if needs_turn else None)
+        return self._exits[ell]
 
     # ------------------------------------------------------------------ the two sub-steps
     def _attend(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, scale: float,
