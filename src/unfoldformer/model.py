@@ -61,7 +61,8 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     d, H = cfg.d_model, cfg.n_heads
     if cfg.attention == "anchored":
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
-                                 cfg.basis_map or "exp", length_norm=cfg.attention_norm == "length")
+                                 cfg.basis_map or "exp", length_norm=cfg.attention_norm == "length",
+                                 metric=cfg.metric, rotary=cfg.positions == "rotary")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
             return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, None), cfg.ffn_weight)
     elif cfg.attention == "metric":
