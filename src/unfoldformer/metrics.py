@@ -22,7 +22,8 @@ from torch import Tensor
 
 from .softmax import AttentionPass, attention_pass
 
-__all__ = ["METRICS", "SAFETY", "SQUARINGS", "metric_bound", "metric_softmax_update", "spectral_bound"]
+__all__ = ["METRICS", "SAFETY", "SQUARINGS", "metric_bound", "metric_kernel_update", "metric_softmax_update",
+           "round_up", "spectral_bound"]
 
 METRICS = ("isotropic", "diagonal", "free")
 #: Squarings of M in `spectral_bound`: (tr M^p)^{1/p} with p = 2^SQUARINGS overestimates λ_max by ≤ k^{1/p}.
@@ -34,14 +35,17 @@ SAFETY = 2.0 ** -20
 def spectral_bound(A: Tensor) -> Tensor:
     """μ ≥ λ_max(AᵀA) = ‖A‖₂² for each of (…, k, k) maps A: (…,), in A's dtype, differentiable.
 
-    For PSD M, λ_max^p ≤ tr(M^p) ≤ k λ_max^p, so (tr M^p)^{1/p} ∈ [λ_max, k^{1/p} λ_max]: a bound that is
-    exact for rank-1 M and within k^{1/32} (≤ 1.12 for k = 32) otherwise. It is evaluated by repeated
-    squaring with the trace renormalised at each step (B₀ = M/τ₀, B_{j+1} = B_j²/τ_{j+1}, τ_j = tr of the
-    unnormalised square; log tr M^{2^J} = Σ_j 2^{J−j} log τ_j), so nothing over- or underflows, in float64.
-    Round-off: every B_j is PSD with trace 1, so each product's entries err by ≤ γ_k relative to
-    (|B||B|)_il ≤ 1, the traces by ≤ kγ_k, and the log-bound by ≤ Σ_j 2^{−j}·2kγ_k ≤ 4kγ_k ≈ 1e-13 for
-    k ≤ 10³ in float64; the margin 1 + 2^-20 covers it, and the final rounding to a float32 μ (≤ 2^-24
-    relative) too. M = 0 gives the smallest normal number instead of 0."""
+    The smaller of two upper bounds of λ_max(M), M = AᵀA PSD, times 1 + `SAFETY`:
+    - trace powers: λ_max^p ≤ tr(M^p) ≤ k λ_max^p, so (tr M^p)^{1/p} ∈ [λ_max, k^{1/p} λ_max] (p = 2^SQUARINGS =
+      32: exact for rank-1 M, within k^{1/32} ≤ 1.12 for k ≤ 32), evaluated by repeated squaring with the
+      trace renormalised at every step (B₀ = M/τ₀, B_{j+1} = B_j²/τ_{j+1}, log tr M^{2^J} = Σ_j 2^{J−j} log τ_j),
+      so nothing over- or underflows;
+    - Gershgorin: λ_max ≤ max_i Σ_l |M_il| (exact for a diagonal M, so for A = s I or a diagonal A).
+    Both in float64. Round-off: every B_j is PSD with trace 1, so each product's entries err by ≤ γ_k relative
+    to (|B||B|)_il ≤ 1, the traces by ≤ kγ_k, the log-bound by ≤ Σ_j 2^{−j}·2kγ_k ≤ 4kγ_k; M's entries err by
+    ≤ γ_k (|A|ᵀ|A|)_il ≤ γ_k ‖A‖_F² ≤ kγ_k λ_max, so the Gershgorin sum by ≤ k²γ_k λ_max + kγ_k·(its value).
+    For k ≤ 64 all of these are below 2^-28 in float64, well inside the margin 2^-20; the result is rounded
+    up (never to nearest) when cast to A's dtype. M = 0 gives the smallest normal number instead of 0."""
     M = A.to(torch.float64).transpose(-1, -2) @ A.to(torch.float64)           # (…, k, k) PSD
     tiny = torch.finfo(torch.float64).tiny
     tau = torch.diagonal(M, dim1=-2, dim2=-1).sum(-1).clamp_min(tiny)          # (…,) tr M
@@ -52,13 +56,25 @@ def spectral_bound(A: Tensor) -> Tensor:
         tau = torch.diagonal(B, dim1=-2, dim2=-1).sum(-1).clamp_min(tiny)      # tr B_{j−1}² ∈ [1/k, 1]
         log_bound = log_bound + tau.log() / 2 ** j
         B = B / tau[..., None, None]
-    return (log_bound.exp() * (1 + SAFETY)).to(A.dtype)
+    gershgorin = M.abs().sum(-1).amax(-1).clamp_min(tiny)                      # (…,) max_i Σ_l |M_il|
+    mu = torch.minimum(log_bound.exp(), gershgorin) * (1 + SAFETY)
+    return round_up(mu, A.dtype)
+
+
+def round_up(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """x (float64) in `dtype`, rounded towards +∞ (the cast rounds to nearest, which may go down)."""
+    y = x.to(dtype)
+    if dtype == torch.float64:
+        return y
+    below = y.detach().to(torch.float64) < x.detach()
+    up = torch.nextafter(y.detach(), torch.full_like(y.detach(), float("inf")))
+    return torch.where(below, y + (up - y.detach()), y)                        # value rounded up, gradient kept
 
 
 def metric_bound(A: Tensor, kind: str) -> Tensor:
     """μ_h of per-head maps A (H, k, k): exact max a² for a diagonal map, `spectral_bound` for a free one."""
-    if kind == "diagonal":
-        return torch.diagonal(A, dim1=-2, dim2=-1).square().amax(-1)
+    if kind == "diagonal":                                                     # float64 square, rounded up
+        return round_up(torch.diagonal(A, dim1=-2, dim2=-1).to(torch.float64).square().amax(-1), A.dtype)
     return spectral_bound(A)
 
 
