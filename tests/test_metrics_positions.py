@@ -441,3 +441,28 @@ def test_position_and_metric_fields_are_checked():
         lay = UnfoldedTransformer(ModelConfig.preset("certified-joint", d_model=8, n_heads=2,
                                                      metric="free")).layers[0]
         lay(torch.randn(1, 3, 8), torch.randn(1, 3, 8), None)
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
+def test_absolute_positions_are_added_to_the_encoders_input(kind):
+    """The classifier's encoder input is embedding + P[:n] (P: the learned table, or sin/cos(i ω_t) with
+    ω_t = 10000^{−2t/d}, written out here); sequences longer than a learned table are refused."""
+    from unfoldformer.classifier import SequenceClassifier, build_encoder
+    torch.manual_seed(7)
+    cfg = ModelConfig.preset("certified-joint", d_model=8, n_heads=2, depth=1, ffn_hidden=8, positions=kind,
+                             **({"max_positions": 6} if kind == "learned" else {}))
+    clf = SequenceClassifier(build_encoder(cfg), torch.randn(20, 8), 8, project=False).double()
+    ids = torch.randint(1, 20, (2, 5))
+    seen = {}
+    clf.encoder.register_forward_hook(lambda mod, args, out: seen.update(x=args[0]))   # returns None: output kept
+    clf(ids)
+    if kind == "learned":
+        P = clf.positions.table[:5].detach().double()
+    else:
+        i, t = torch.arange(5, dtype=D64)[:, None], torch.arange(4, dtype=D64)
+        angle = i * 10000.0 ** (-2 * t / 8)
+        P = torch.stack([torch.sin(angle), torch.cos(angle)], -1).reshape(5, 8)
+    assert torch.allclose(seen["x"], clf.embedding(ids).double() + P, rtol=0, atol=close_tol(D64, 10))
+    if kind == "learned":
+        with pytest.raises(ConfigError, match="max_positions"):
+            clf(torch.randint(1, 20, (1, 7)))
