@@ -39,6 +39,8 @@ import typing
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .metrics import METRICS  # anchored attention's per-head map A_h (§3.8)
+from .positions import POSITIONS  # §3.9; absolute ones are added to the input
 from .rho import RHO_FAMILY, get_rho
 
 __all__ = ["ATTENTION_KINDS", "ATTENTION_NORMS", "BASIS_MAPS", "FFN_KINDS", "LAYER_KINDS", "ModelConfig",
@@ -49,8 +51,6 @@ BASIS_MAPS = ("exp", "cayley")
 FFN_KINDS = ("tied", "symmetric", "released", "none", "standard", "hopfield", "ista")
 LAYER_KINDS = ("alternating", "joint")      # anchored attention with the tied FFN: two sub-steps, or one (§3.7)
 ATTENTION_NORMS = ("none", "length")        # anchored attention: E_A weighted by 1, or by 1/n (§3.7)
-METRICS = ("isotropic", "diagonal", "free")  # anchored attention's per-head map A_h (§3.8)
-POSITIONS = ("none", "learned", "sinusoidal", "rotary")   # §3.9; absolute ones are added to the input
 ROTARY_ATTENTIONS = ("anchored", "standard")
 
 # Fields each attention / FFN kind uses, beyond the ones every encoder has.

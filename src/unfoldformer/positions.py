@@ -82,10 +82,3 @@ def rotate_heads(C: Tensor, tables: tuple[Tensor, Tensor], inverse: bool = False
     cos, sin = cos[:, None, :], (-sin if inverse else sin)[:, None, :]          # (n, 1, k/2)
     even, odd = C[..., 0::2], C[..., 1::2]                                      # (B, n, H, k/2)
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-
-def check_positions(kind: str, max_positions: int | None) -> None:
-    if kind not in POSITIONS:
-        raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {kind!r}")
-    if kind == "learned" and (max_positions is None or max_positions < 1):
-        raise ConfigError(f"max_positions must be >= 1 for learned positions, got {max_positions}")
