@@ -66,7 +66,7 @@ VARIANTS: dict[str, list[str]] = {
     "warmup_0.02": ["optim.warmup=0.02"],
     "fixed_basis": ["model.learn_basis=false"],
     # capacity factors (certified-joint; the positions also for the standard model)
-    "positions_learned": ["model.positions=learned", "model.max_positions=4096"],   # IMDB full length: 4,096 rows
+    "positions_learned": ["model.positions=learned", "model.max_positions=8192"],   # rows for the full-length IMDB pass
     "positions_sinusoidal": ["model.positions=sinusoidal"],
     "positions_rotary": ["model.positions=rotary"],
     "metric_diagonal": ["model.metric=diagonal"],            # per-head diagonal metric (Hyper-SET style)
