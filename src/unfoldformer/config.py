@@ -174,14 +174,15 @@ class ModelConfig:
             raise ConfigError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION_KINDS)}")
         if ffn not in FFN_KINDS:
             raise ConfigError(f"unknown ffn {ffn!r}; valid: {', '.join(FFN_KINDS)}")
-        used = _used_fields(attention, ffn, self.layer or base.get("layer", DEFAULTS["layer"]),
-                            self.positions or base.get("positions", DEFAULTS["positions"]))
+        layer = self.layer or base.get("layer", DEFAULTS["layer"])
+        used = _used_fields(attention, ffn, layer, self.positions or base.get("positions", DEFAULTS["positions"]))
+        kind = f" in a {layer} layer" if "layer" in used else ""
         values = {"preset_name": self.preset_name, "attention": attention, "ffn": ffn}
         for f in _architecture_fields():
             mine = getattr(self, f)
             if f not in used:
                 if mine is not None:
-                    raise ConfigError(f"{f} does not apply to attention {attention!r} with ffn {ffn!r} "
+                    raise ConfigError(f"{f} does not apply to attention {attention!r} with ffn {ffn!r}{kind} "
                                       f"(preset {self.preset_name!r}); this model uses: {', '.join(sorted(used))}")
                 continue
             values[f] = mine if mine is not None else base.get(f, DEFAULTS[f])

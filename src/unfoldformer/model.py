@@ -33,7 +33,8 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
 For ρ = exp each state's attention pass serves both its energy and the step from it
 (`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
-FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
+FFN product Y⁽ᵗ⁾ W1 per layer that no alternating step computes (the joint layer's step computes it:
+one extra pass and hidden layer in all). For a joint layer `"steps"` has no intermediate state: U = Y⁺.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
                                  cfg.basis_map or "exp", length_norm=cfg.attention_norm == "length",
                                  metric=cfg.metric, rotary=cfg.positions == "rotary")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
-            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, None), cfg.ffn_weight)
+            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, 1.0), cfg.ffn_weight)   # ffn.alpha unused
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp")
     else:
