@@ -13,6 +13,27 @@ tokens, 500 fixed test reviews; SST-2 8,000 training sentences, 1 epoch, all 872
         --set optim.lr=0.003 --results benchmarks/results/study   # one variant at the full budget
     python benchmarks/layer_health.py RUN_DIR ...               # token size, spread and live ReLU units per layer
 
+Capacity factors of the joint layer (THEORY §3.7–3.9), one at a time from `certified-joint` (length-normalised
+attention, the preset's default); the standard Transformer takes the same position variants, so each
+certified row has a standard row with the same positional scheme:
+
+    python benchmarks/accuracy_study.py --dataset imdb --model certified-joint \
+        --variants baseline positions_learned positions_sinusoidal positions_rotary metric_diagonal metric_free \
+        heads_8 depth_12
+    python benchmarks/accuracy_study.py --dataset imdb --model standard --variants baseline positions_rotary
+    python benchmarks/accuracy_study.py --dataset imdb --model certified-joint \
+        --validate-budget baseline metric_free    # both at the screening and at the full budget, then compare
+
+Every variant keeps the certificate: absolute positions change only the input X, rotary attention and free
+per-head metrics descend for any weights (THEORY §3.8–3.9), and heads / depth / λ are free choices.
+
+Validating the screening budget (`--validate-budget A B`): the two variants run at the screening budget
+(`BUDGETS`) and at the benchmark's full budget (`accuracy.py` without budget flags; results named without
+`-reduced`), cells with a result file are not rerun, and the report says whether the screening budget
+ranks A and B as the full budget does (and by how much each differs). Use two variants whose screening
+accuracies differ by more than their seed spread; a disagreement means the screening budget cannot rank
+the factors and must grow (more examples or epochs) before the study is read.
+
 The table gives, per variant, the accuracy and its change from the baseline of the same model and
 dataset, the final training loss (what "fit" means here), the energy columns (every layer
 descends, curve never rises with the safeguard off and on) and the training throughput.
@@ -44,6 +65,15 @@ VARIANTS: dict[str, list[str]] = {
     "lr_3e-3_alpha_ffn_0.5": ["optim.lr=0.003", "model.alpha_ffn=0.5"],   # the FFN step keeps half of Y
     "warmup_0.02": ["optim.warmup=0.02"],
     "fixed_basis": ["model.learn_basis=false"],
+    # capacity factors (certified-joint; the positions also for the standard model)
+    "positions_learned": ["model.positions=learned", "model.max_positions=8192"],   # rows for the full-length IMDB pass
+    "positions_sinusoidal": ["model.positions=sinusoidal"],
+    "positions_rotary": ["model.positions=rotary"],
+    "metric_diagonal": ["model.metric=diagonal"],            # per-head diagonal metric (Hyper-SET style)
+    "metric_free": ["model.metric=free"],                    # free per-head map A_h, μ_h bound (THEORY §3.8)
+    "metric_free_rotary": ["model.metric=free", "model.positions=rotary"],
+    "heads_8_metric_free": ["model.n_heads=8", "model.metric=free"],
+    "depth_12_metric_free": ["model.depth=12", "model.metric=free"],
 }
 BUDGETS = {"imdb": ["--max-train-examples", "4000", "--epochs", "1", "--max-eval-examples", "500"],
            "sst2": ["--max-train-examples", "8000", "--epochs", "1"]}
@@ -56,6 +86,41 @@ def run(dataset: str, model: str, variants: list[str], seed: int, extra: list[st
         argv += ["--variant", name] + [x for change in VARIANTS[name] for x in ("--set", change)]
         print(f"study: {dataset} {model} {name}", file=sys.stderr)
         accuracy.main(argv)
+
+
+def validate_budget(dataset: str, model: str, pair: list[str], seed: int, extra: list[str],
+                    folder: Path = STUDY) -> str:
+    """Run the two variants of `pair` at the screening and the full budget (cells with a result are kept)
+    and report whether both budgets rank them alike."""
+    for reduced in (True, False):
+        for name in pair:
+            suffix = "-reduced" if reduced else ""
+            if (folder / f"{accuracy.cell_name(dataset, model, seed, variant=name)}{suffix}.json").exists():
+                continue
+            argv = ["--dataset", dataset, "--model", model, "--seed", str(seed), "--results", str(folder),
+                    *(BUDGETS[dataset] if reduced else []), *extra, "--variant", name]
+            argv += [x for change in VARIANTS[name] for x in ("--set", change)]
+            print(f"study: {dataset} {model} {name} ({'screening' if reduced else 'full'} budget)", file=sys.stderr)
+            accuracy.main(argv)
+    return budget_agreement(dataset, model, pair, seed, folder)
+
+
+def budget_agreement(dataset: str, model: str, pair: list[str], seed: int, folder: Path = STUDY) -> str:
+    """Markdown: the pair's accuracies at both budgets and whether the screening ranking is the full one."""
+    acc = {}
+    for name in pair:
+        for budget, suffix in (("screening", "-reduced"), ("full", "")):
+            path = folder / f"{accuracy.cell_name(dataset, model, seed, variant=name)}{suffix}.json"
+            acc[name, budget] = json.loads(path.read_text())["accuracy"] if path.exists() else None
+    lines = ["| variant | screening (%) | full (%) |", "|---|---|---|"]
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}"           # noqa: E731
+    lines += [f"| {name} | {pct(acc[name, 'screening'])} | {pct(acc[name, 'full'])} |" for name in pair]
+    if any(v is None for v in acc.values()):
+        return "\n".join(lines + ["", "ranking: incomplete (missing cells)"]) + "\n"
+    a, b = pair
+    same = (acc[a, "screening"] - acc[b, "screening"]) * (acc[a, "full"] - acc[b, "full"]) > 0
+    verdict = "agrees" if same else "DISAGREES"
+    return "\n".join(lines + ["", f"ranking: the screening budget {verdict} with the full budget"]) + "\n"
 
 
 def _energy(record: dict, key: str, field: str) -> float | None:
@@ -91,18 +156,24 @@ def table(folder: Path = STUDY) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=sorted(BUDGETS))
-    p.add_argument("--model", choices=accuracy.RHO_MODELS, default="certified-tied")
+    p.add_argument("--model", choices=accuracy.KINDS, default="certified-tied")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", default="1")
     p.add_argument("--table", action="store_true", help="print the study table from the result files")
+    p.add_argument("--validate-budget", nargs=2, metavar="VARIANT", choices=list(VARIANTS),
+                   help="run two variants at the screening and the full budget and compare their ranking")
     args = p.parse_args(argv)
     if args.table:
         print(table())
         return 0
     if args.dataset is None:
         p.error("give --dataset (or --table)")
-    run(args.dataset, args.model, args.variants, args.seed, ["--threads", args.threads, "--no-progress"])
+    extra = ["--threads", args.threads, "--no-progress"]
+    if args.validate_budget:
+        print(validate_budget(args.dataset, args.model, args.validate_budget, args.seed, extra))
+        return 0
+    run(args.dataset, args.model, args.variants, args.seed, extra)
     return 0
 
 

@@ -92,7 +92,8 @@ def rotated_energy(stack, ell: int, Yr: torch.Tensor) -> torch.Tensor:
     return e_att + E.anchor_energy(Yd, stack.anchor(ell).to(D64), pad) / att.lam + ffn_weight * e_ffn
 
 
-def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.Tensor) -> torch.Tensor:
+def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.Tensor, energy=None,
+                      metric_scale: float | None = None) -> torch.Tensor:
     """Allowance for E evaluated (exactly) at a float32 state computed by float32 arithmetic: (B,).
 
     The exact step from the (exact) input state descends; the computed state differs from it by δ.
@@ -102,21 +103,26 @@ def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.
     ‖δ‖ per entry ≤ 64 u · M with M = the largest magnitude entering the step (|c|, |x̃|, |r̃|): 64 units of
     round-off cover the products and sums behind one entry (conftest.close_tol's rule), and the softmax
     weights' float32 logit error u·‖a − mean‖² (THEORY §3.10) moves the average by at most that relative
-    amount of the values' spread, also ≤ M. The library's own rule descent_tolerance·(1 + |E|) is added."""
+    amount of the values' spread, also ≤ M. The library's own rule descent_tolerance·(1 + |E|) is added.
+    `energy` (stack, ell, Y) -> (B,): the float64 energy (default `rotated_energy`); `metric_scale`: the
+    largest eigenvalue bound of the heads' metrics (default max s_h²; μ_h for a free metric, THEORY §3.8),
+    which takes s² in the curvature and the logit size."""
+    energy = rotated_energy if energy is None else energy
     u = torch.finfo(torch.float32).eps / 2
     f = stack.frame(ell)
     Yd = Y_new.detach().to(D64).requires_grad_(True)
     with torch.enable_grad():
-        (grad,) = torch.autograd.grad(rotated_energy(stack, ell, Yd).sum(), Yd)
+        (grad,) = torch.autograd.grad(energy(stack, ell, Yd).sum(), Yd)
     valid = stack.valid[..., None]
     R = torch.relu(Y_new.to(D64) @ f.W.detach().to(D64) + f.b.detach().to(D64)) @ f.W.detach().to(D64).T
     M = torch.stack([Y_new.to(D64).abs(), stack.anchor(ell).to(D64).abs(), R.abs()]).amax(0)
     M = M.where(valid, 0.0).flatten(1).amax(1)                       # (B,)
-    logit = (f.scales.detach().to(D64).max() ** 2) * (2 * M) ** 2 * Y_new.shape[-1]   # ≥ ‖a − mean‖²
+    s_sq = float(f.scales.detach().max()) ** 2 if metric_scale is None else float(metric_scale)
+    logit = s_sq * (2 * M) ** 2 * Y_new.shape[-1]                   # ≥ ‖a − mean‖²
     delta = 64 * u * M * (1 + u * logit) * math.sqrt(Y_new.shape[1] * Y_new.shape[2])   # ‖δ‖_F bound
     g = grad.where(valid, 0.0).flatten(1).norm(dim=1)
     gamma = f.layer.gamma if isinstance(f.layer, JointLayer) else f.layer.attention.lam
-    curvature = 2 * float(f.scales.detach().max()) ** 2 * Y_new.shape[1] + (1 + gamma) / f.layer.attention.lam
+    curvature = 2 * s_sq * Y_new.shape[1] + (1 + gamma) / f.layer.attention.lam
     return g * delta + 0.5 * curvature * delta ** 2 + descent_tolerance(torch.float32) * (1 + energy_scale.abs())
 
 

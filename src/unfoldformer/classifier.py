@@ -1,4 +1,4 @@
-"""`SequenceClassifier`: token embeddings → (linear map) → encoder → masked mean pooling → linear head.
+"""`SequenceClassifier`: token embeddings → (linear map) → (+ positions) → encoder → masked mean pooling → head.
 
 An encoder with a `pool(hidden, padding_mask) -> (B, d)` method (CRATE, whose published readout pools
 before its final LayerNorm) pools its own way."""
@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .hub import _CLASSES, PretrainedError, PretrainedMixin
+from .positions import AbsolutePositions
 
 __all__ = ["SequenceClassifier", "build_encoder", "masked_mean"]
 
@@ -38,7 +39,10 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
 
     `embedding_table` (V, e) initialises the token embeddings, frozen unless
     `trainable_embeddings`; a linear map to the encoder width is added when e ≠ d_model
-    (or when `project` is set).
+    (or when `project` is set). With absolute positions in the encoder's config (`positions` learned or
+    sinusoidal, THEORY §3.9) the position table is added after the map: the encoder's input X is
+    embedding + position (every guarantee of the encoder holds for any X). Rotary positions live inside
+    the encoder's attention.
     """
 
     def __init__(self, encoder: nn.Module, embedding_table: Tensor, d_model: int, n_classes: int = 2,
@@ -49,6 +53,10 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
         e = embedding_table.shape[1]
         self.project = nn.Linear(e, d_model) if (project or e != d_model) else nn.Identity()
         self.encoder, self.head = encoder, nn.Linear(d_model, n_classes)
+        cfg = getattr(encoder, "config", None)
+        kind = getattr(cfg, "positions", None) or "none"
+        self.positions = AbsolutePositions(kind, d_model, cfg.max_positions) \
+            if kind in ("learned", "sinusoidal") else None
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool | str = False,
                 safeguard: bool = False):
@@ -57,6 +65,8 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
         `return_energies` (True / "curve" / "steps") and `safeguard` go to an unfolded encoder (see
         `UnfoldedTransformer.forward`)."""
         x = self.project(self.embedding(ids))                      # (B, n, d_model)
+        if self.positions is not None:
+            x = self.positions(x)                                  # (B, n, d_model) X = embedding + P[:n]
         options = {"return_energies": return_energies} if return_energies else {}
         if safeguard:
             options["safeguard"] = True

@@ -23,6 +23,13 @@ THEORY §3.7: one MM step on λE_A + ½‖Y − X‖² + γE_H, γ = `ffn_weight
 lowers its whole-layer energy by construction, so it never needs the safeguard.
 `attention_norm="length"` weights the attention term by 1/n (n = the sample's real tokens:
 ν_h = λ s_h²/n), for either layer kind; every guarantee holds unchanged.
+
+Positions (THEORY §3.9, `positions.py`), any encoder: `positions="learned"` (a table of `max_positions`
+rows) or `"sinusoidal"` are added to the input by `SequenceClassifier` (the encoders see X + P: a
+different input, every guarantee holds); `"rotary"` rotates queries, keys and values inside certified
+anchored attention (still certified) and queries and keys in the standard baseline.
+Free metrics (THEORY §3.8, `metrics.py`), anchored attention: `metric="diagonal"` or `"free"` replaces the
+per-head scale s_h by a map A_h (query = key = c A_hᵀ, value map A_hᵀA_h/μ_h), still certified.
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ from dataclasses import dataclass
 
 from .contracts import check_positive, check_step
 from .errors import ConfigError
+from .metrics import METRICS  # anchored attention's per-head map A_h (§3.8)
+from .positions import POSITIONS  # §3.9; absolute ones are added to the input
 from .rho import RHO_FAMILY, get_rho
 
 __all__ = ["ATTENTION_KINDS", "ATTENTION_NORMS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_KINDS", "LAYER_KINDS",
@@ -43,13 +52,14 @@ BASIS_MAPS = ("exp", "cayley")
 FFN_KINDS = ("tied", "symmetric", "released", "none", "standard", "hopfield", "ista")
 LAYER_KINDS = ("alternating", "joint")      # anchored attention with the tied FFN: two sub-steps, or one (§3.7)
 ATTENTION_NORMS = ("none", "length")        # anchored attention: E_A weighted by 1, or by 1/n (§3.7)
+ROTARY_ATTENTIONS = ("anchored", "standard")
 
 # Fields each attention / FFN kind uses, beyond the ones every encoder has.
-_COMMON = ("d_model", "n_heads", "depth")
+_COMMON = ("d_model", "n_heads", "depth", "positions")
 _UNFOLDED = ("tied", "certified")
 _ATTENTION_FIELDS = {
-    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis", "basis_map", "attention_norm")
-    + _UNFOLDED,
+    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis", "basis_map", "attention_norm",
+                 "metric") + _UNFOLDED,
     "metric": ("rho", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
     "released": _UNFOLDED,
     "standard": ("dropout",),
@@ -71,7 +81,8 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 learn_basis=True, basis_map="exp", ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
-                ffn_weight=1.0, attention_norm="none")
+                ffn_weight=1.0, attention_norm="none",
+                positions="none", max_positions=512, metric="isotropic")
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -147,6 +158,9 @@ class ModelConfig:
     layer: str | None = None              # anchored + tied FFN: alternating (two sub-steps) | joint (one, §3.7)
     ffn_weight: float | None = None       # joint layer only: γ ≥ 0, E = λE_A + ½‖Y − X‖² + γE_H
     attention_norm: str | None = None     # anchored: none | length (E_A weighted by 1/n, n = real tokens)
+    positions: str | None = None          # none | learned | sinusoidal (added to the input) | rotary (§3.9)
+    max_positions: int | None = None      # learned positions only: rows of the table (longest sequence)
+    metric: str | None = None             # anchored: isotropic (s_h I) | diagonal | free per-head map A_h (§3.8)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -173,7 +187,7 @@ class ModelConfig:
         if ffn not in FFN_KINDS:
             raise ConfigError(f"unknown ffn {ffn!r}; valid: {', '.join(FFN_KINDS)}")
         layer = self.layer or base.get("layer", DEFAULTS["layer"])
-        used = _used_fields(attention, ffn, layer)
+        used = _used_fields(attention, ffn, layer, self.positions or base.get("positions", DEFAULTS["positions"]))
         kind = f" in a {layer} layer" if "layer" in used else ""
         values = {"preset_name": self.preset_name, "attention": attention, "ffn": ffn}
         for f in _architecture_fields():
@@ -252,6 +266,23 @@ class ModelConfig:
         if self.attention_norm is not None and self.attention_norm not in ATTENTION_NORMS:
             raise ConfigError(f"attention_norm must be one of {', '.join(ATTENTION_NORMS)}, "
                               f"got {self.attention_norm!r}")
+        if self.positions not in POSITIONS:
+            raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if self.max_positions is not None and self.max_positions < 1:
+            raise ConfigError(f"max_positions must be >= 1, got {self.max_positions}")
+        if self.positions == "rotary":
+            if self.attention not in ROTARY_ATTENTIONS:
+                raise ConfigError(f"rotary positions apply to attention {' or '.join(ROTARY_ATTENTIONS)}, got "
+                                  f"{self.attention!r} (use learned or sinusoidal positions)")
+            if (self.d_model // self.n_heads) % 2:
+                raise ConfigError(f"rotary positions need an even head width d_model/n_heads, got "
+                                  f"{self.d_model // self.n_heads}")
+            if self.attention == "anchored" and self.ffn not in ("tied", "none"):
+                raise ConfigError("rotary anchored attention runs with the tied FFN or none")
+        if self.metric is not None and self.metric not in METRICS:
+            raise ConfigError(f"metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if self.metric not in (None, "isotropic") and self.ffn not in ("tied", "none"):
+            raise ConfigError(f"metric={self.metric!r} runs with the tied FFN or none")
         if self.ffn_weight is not None and not self.ffn_weight >= 0:
             raise ConfigError(f"ffn_weight must be a finite number >= 0, got {self.ffn_weight}")
         if self.ista_lambda is not None and not self.ista_lambda >= 0:
@@ -295,9 +326,12 @@ def upgrade_peer_fields(data: dict, attention: str | None = None) -> dict:
     return data if name in data else {**data, name: legacy}
 
 
-def _used_fields(attention: str, ffn: str, layer: str) -> set[str]:
-    """Fields a model of these attention and FFN kinds uses (`layer`: the layer kind it resolves to)."""
+def _used_fields(attention: str, ffn: str, layer: str, positions: str = "none") -> set[str]:
+    """Fields a model of these attention and FFN kinds uses (`layer`: the layer kind it resolves to,
+    `positions`: its position scheme)."""
     used = set(_COMMON) | set(_ATTENTION_FIELDS.get(attention, ())) | set(_FFN_FIELDS.get(ffn, ()))
+    if positions == "learned":
+        used.add("max_positions")
     if attention == "anchored" and ffn == "tied":
         used.add("layer")
         if layer == "joint":          # one step of size alpha_attention; γ weights the FFN term

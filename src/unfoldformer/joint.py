@@ -35,12 +35,10 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from . import energy as E
-from .kernels import weighted_average
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, _valid
-from .rho import get_rho
 from .rotated import RotatedStack, _Frame, _hidden, sample_log_nu
 from .softmax import AttentionPass
-from .steps import anchored_attention_step, anchored_softmax_update, head_values
+from .steps import anchored_attention_step, head_values
 
 __all__ = ["JointCarry", "JointLayer", "JointStack"]
 
@@ -62,6 +60,7 @@ class JointLayer(UnfoldedLayer):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         att, ffn = self.attention, self.ffn
+        att._plain()
         R = F_nn.linear(torch.relu(F_nn.linear(Y, ffn.W1.T, ffn.b)), ffn.W1)        # (B, n, d) ReLU(YW1 + b)W1ᵀ
         lam = att.sample_lam(_valid(Y, padding_mask))
         return anchored_attention_step(Y, self.anchor_mix(X.to(Y.dtype), R), att.log_scale.exp(),
@@ -107,20 +106,11 @@ class JointStack(RotatedStack):
         alpha = att.alpha * scale
         hidden = _hidden(Y, f) if hidden is None else hidden        # (B, n, m)
         P = f.layer.anchor_mix(Xr, F_nn.linear(hidden, f.W))        # (B, n, d) (x̃ + γ r̃)/(1 + γ), r̃ = h W̃ᵀ
-        log_nu = sample_log_nu(f, valid) - math.log1p(gamma)        # (H,) or (B, 1, H): log(ν/(1 + γ))
-        B, n, d = Y.shape
+        log_nu = sample_log_nu(f, valid) - math.log1p(gamma)        # (H,) or (B, 1, H): log(ν/(1 + γ)) or log κ
         H = att.H
-        if self.exp:
-            C, Pc = Y.view(B, n, H, d // H), P.view(B, n, H, d // H)   # (B, n, H, dh) views
-            U, attention = anchored_softmax_update(C, Pc, f.scales, log_nu, valid, alpha, attention)
-            return U.reshape(B, n, d), attention
-        C = Y.view(B, n, H, d // H).transpose(1, 2)                 # (B, H, n, dh)
-        Pc = P.view(B, n, H, d // H).transpose(1, 2)                # (B, H, n, dh)
-        num, deg = weighted_average(f.scales[None, :, None, None] * C, C, valid, get_rho(att.rho))
-        nu = log_nu.exp().reshape(-1, H)[:, :, None, None] if log_nu.dim() > 1 else log_nu.exp()[:, None, None]
-        target = (nu * num + Pc) / (nu * deg + 1)                   # (B, H, n, dh)
-        U = target if alpha == 1 else torch.lerp(C, target, float(alpha))
-        return U.transpose(1, 2).reshape(B, n, d), None
+        C, Pc = self.heads(Y, H), self.heads(P, H)                  # (B, n, H, dh) (rotated with rotary, §3.9)
+        U, attention = self._anchored(f, C, Pc, valid, log_nu, alpha, attention)
+        return self.unheads(U), attention
 
     def _carry(self, f: _Frame, Y: Tensor, valid: Tensor) -> JointCarry:
         return JointCarry(self._pass(f, Y, valid, average=True), _hidden(Y, f))
@@ -159,7 +149,8 @@ def joint_energy_reference(Y: Tensor, X: Tensor, layer: JointLayer, padding_mask
     att, ffn = layer.attention, layer.ffn
     Yd, Xd = Y.double(), X.double()
     factors = att.factors().double()
-    e_attention = E.attention_energy(Yd, factors, att.rho, padding_mask, method="gram")
+    Zd = att.rotate(Yd) if att.rotary else Yd                     # rotary: E_A of R_i c_i (THEORY §3.9)
+    e_attention = E.attention_energy(Zd, factors, att.rho, padding_mask, method="gram")
     if att.length_norm:
         e_attention = e_attention / _valid(Y, padding_mask).sum(1).clamp_min(1).double()
     e_ffn = E.tied_ffn_energy(Yd, ffn.W1.double(), ffn.b.double(), padding_mask)

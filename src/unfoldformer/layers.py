@@ -61,39 +61,94 @@ def _valid(Y: Tensor, padding_mask: Tensor | None) -> Tensor:
 class AnchoredAttention(nn.Module):
     """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3).
 
-    `length_norm`: the attention term weighted by 1/n (n = the sample's real tokens), i.e. λ/n per sample."""
+    `length_norm`: the attention term weighted by 1/n (n = the sample's real tokens), i.e. λ/n per sample.
+    `metric` (THEORY §3.8, `metrics.py`): isotropic heads s_h I (parameter `log_scale`), a diagonal map
+    diag(a_h) (`metric_diag` (H, dh)) or a free map A_h (`metric_map` (H, dh, dh)), each starting at
+    s_h = dh^{-1/4}. `rotary` (THEORY §3.9, `positions.py`): RoPE on queries, keys and values (the model
+    runs it in `rotated.py`; this module's energy rotates too, its step refuses)."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
-                 basis_map: str = "exp", length_norm: bool = False, *, certified: bool = True):
+                 basis_map: str = "exp", length_norm: bool = False, metric: str = "isotropic",
+                 rotary: bool = False, *, certified: bool = True):
         super().__init__()
         check_positive("anchor_weight", lam)
         check_step("alpha_attention", alpha, "anchored", certified=certified)
         self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
-        self.length_norm = length_norm
+        self.length_norm, self.metric, self.rotary = length_norm, metric, rotary
         dh = d // n_heads
-        self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
+        s0 = dh ** -0.25
+        if metric == "isotropic":
+            self.log_scale = nn.Parameter(torch.full((n_heads,), math.log(s0)))  # s_h = dh^{-1/4}
+        elif metric == "diagonal":
+            self.metric_diag = nn.Parameter(torch.full((n_heads, dh), s0))
+        else:
+            self.metric_map = nn.Parameter(s0 * torch.eye(dh).repeat(n_heads, 1, 1))
         self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
 
+    def maps(self) -> Tensor | None:
+        """A_h (H, dh, dh) of a diagonal or free metric; None for isotropic heads."""
+        if self.metric == "isotropic":
+            return None
+        return torch.diag_embed(self.metric_diag) if self.metric == "diagonal" else self.metric_map
+
+    def mu(self) -> Tensor | None:
+        """μ_h ≥ λ_max(A_hᵀA_h) (H,) (`metrics.metric_bound`); None for isotropic heads."""
+        from .metrics import metric_bound
+        A = self.maps()
+        return None if A is None else metric_bound(A, self.metric)
+
+    def scales(self) -> Tensor:
+        """s_h (H,) of isotropic heads; ones for a diagonal or free metric (the map carries the scale)."""
+        if self.metric == "isotropic":
+            return self.log_scale.exp()
+        return torch.ones(self.H, dtype=self.maps().dtype, device=self.maps().device)
+
     def log_nu(self) -> Tensor:
-        """log ν_h = log(λ s_h²): (H,)."""
-        return math.log(self.lam) + 2 * self.log_scale
+        """log ν_h = log(λ s_h²) (H,); log λ for a diagonal or free metric (the step takes μ_h apart)."""
+        return math.log(self.lam) + 2 * self.scales().log()
 
     def subspaces(self) -> Tensor | None:
         return _head_subspaces(self.basis, self.H, self.d)
 
     def factors(self) -> Tensor:
-        return isotropic_factors(self.log_scale.exp(), self.d, self.subspaces())  # (H, dh, d)
+        """F_h = A_h U_hᵀ (H, dh, d) (A_h = s_h I for isotropic heads)."""
+        A = self.maps()
+        if A is None:
+            return isotropic_factors(self.log_scale.exp(), self.d, self.subspaces())  # (H, dh, d)
+        U = self.subspaces()
+        if U is None:
+            eye = torch.eye(self.d, dtype=A.dtype, device=A.device)
+            U = eye.reshape(self.d, self.H, self.d // self.H).permute(1, 0, 2)     # (H, d, dh)
+        return A @ U.transpose(1, 2)                               # (H, dh, d)
+
+    def rotate(self, Y: Tensor, inverse: bool = False) -> Tensor:
+        """Y (B, n, d) with every head's coordinates rotated by R_i (`positions.rotate_heads`), in original
+        coordinates: Σ_h R_i(y_i U_h) U_hᵀ."""
+        from .positions import rope_tables, rotate_heads
+        B, n, d = Y.shape
+        U = self.subspaces()
+        C = Y if U is None else Y @ self.basis.weight.to(Y.dtype)  # (B, n, d) head blocks contiguous
+        C = rotate_heads(C.view(B, n, self.H, d // self.H), rope_tables(n, d // self.H, Y.dtype, Y.device),
+                         inverse).reshape(B, n, d)
+        return C if U is None else C @ self.basis.weight.to(Y.dtype).T
+
+    def _plain(self) -> None:
+        if self.metric != "isotropic" or self.rotary:
+            raise ValueError("this module's step is the isotropic, position-free reference; a diagonal or "
+                             "free metric and rotary positions run in the model (rotated.py)")
 
     def sample_lam(self, valid: Tensor) -> float | Tensor:
         """λ, or λ/n per sample (B,) with length normalisation."""
         return self.lam * length_weight(valid) if self.length_norm else self.lam
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
+        self._plain()
         return anchored_attention_step(Y, X, self.log_scale.exp(), self.sample_lam(_valid(Y, padding_mask)),
                                        self.rho, self.alpha * scale, padding_mask, self.subspaces(), certified=False)
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
-        e_attention = E.attention_energy(Y, self.factors(), self.rho, padding_mask)     # (B,) float64
+        Z = self.rotate(Y) if self.rotary else Y                   # E_A of the rotated coordinates (§3.9)
+        e_attention = E.attention_energy(Z, self.factors(), self.rho, padding_mask)     # (B,) float64
         if self.length_norm:
             e_attention = e_attention * length_weight(_valid(Y, padding_mask))
         return e_attention + E.anchor_energy(Y, X, padding_mask) / self.lam

@@ -64,7 +64,8 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     if cfg.attention == "anchored":
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
                                  cfg.basis_map or "exp", certified=bool(cfg.certified),
-                                 length_norm=cfg.attention_norm == "length")
+                                 length_norm=cfg.attention_norm == "length", metric=cfg.metric,
+                                 rotary=cfg.positions == "rotary")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
             return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, 1.0), cfg.ffn_weight)   # ffn.alpha unused
     elif cfg.attention == "metric":

@@ -33,7 +33,10 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from . import energy as E
+from .kernels import weighted_average
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, length_weight
+from .metrics import metric_kernel_update, metric_softmax_update
+from .positions import rope_tables, rotate_heads
 from .rho import get_rho
 from .softmax import AttentionPass, attention_pass, mass_energy
 from .steps import anchored_attention_step, anchored_softmax_update, isotropic_factors
@@ -57,6 +60,8 @@ class _Frame(NamedTuple):
     b: Tensor | None          # (m,)
     layer: UnfoldedLayer
     W_bias: Tensor | None     # (d + 1, m) [W̃; b], for products without autograd
+    A: Tensor | None = None   # (H, dh, dh) maps A_h of a diagonal or free metric (§3.8); None: isotropic
+    mu: Tensor | None = None  # (H,) μ_h ≥ λ_max(A_hᵀA_h)
 
 
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
@@ -66,7 +71,10 @@ def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     W = W1 if (W1 is None or Q is None) else Q.T @ W1               # (d, m)
     b = None if ffn is None else ffn.b.to(dtype)
     W_bias = None if W is None else torch.cat([W, b[None]], dim=0).detach()   # (d + 1, m)
-    return _Frame(Q, att.log_scale.exp().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias)
+    A = att.maps()
+    mu = None if A is None else att.mu().to(dtype)
+    return _Frame(Q, att.scales().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias,
+                  None if A is None else A.to(dtype), mu)
 
 
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:
@@ -85,6 +93,16 @@ def sample_log_nu(f: _Frame, valid: Tensor) -> Tensor:
     if not f.layer.attention.length_norm:
         return f.log_nu
     return f.log_nu - valid.sum(1).clamp_min(1).to(f.log_nu.dtype).log()[:, None, None]
+
+
+def block_factors(f: _Frame, d: int) -> Tensor:
+    """The factors (H, dh, d) of contiguous heads in a layer's basis: s_h I, or A_h on head h's block."""
+    if f.A is None:
+        return isotropic_factors(f.scales, d)
+    H, dh, _ = f.A.shape
+    factors = f.A.new_zeros(H, dh, H, dh)
+    factors[torch.arange(H), :, torch.arange(H)] = f.A                        # (H, dh, H, dh) A_h on block h
+    return factors.reshape(H, dh, d)
 
 
 def _change(Q_from: Tensor | None, Q_to: Tensor | None) -> Tensor | None:
@@ -116,12 +134,56 @@ class RotatedStack:
         self.exact = exact and X.dtype != torch.float64
         self.frames64 = [_frame(layer, torch.float64) for layer in model.layers] if self.exact else self.frames
         self.exp = get_rho(self.frames[0].layer.attention.rho).softmax
+        self.rotary = self.frames[0].layer.attention.rotary
+        self._rope: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
         self.X, self.valid = X, valid
         self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
         self.anchors = [X0 if f.Q is None else X0 @ f.Q for f in self.frames]   # (B, n, d) X̃ per distinct layer
+
+    def rot(self, C: Tensor, inverse: bool = False) -> Tensor:
+        """R_i c_i per token and head, C (B, n, H, dh) (R_iᵀ c_i with `inverse`); C itself without rotary positions
+        (THEORY §3.9: every step and energy of a rotary stack works on the rotated coordinates)."""
+        if not self.rotary:
+            return C
+        if C.dtype not in self._rope:
+            self._rope[C.dtype] = rope_tables(C.shape[1], C.shape[-1], C.dtype, C.device)
+        return rotate_heads(C, self._rope[C.dtype], inverse)
+
+    def heads(self, Y: Tensor, H: int) -> Tensor:
+        """(B, n, d) -> (B, n, H, dh) rotated head coordinates."""
+        B, n, d = Y.shape
+        return self.rot(Y.view(B, n, H, d // H))
+
+    def unheads(self, C: Tensor) -> Tensor:
+        """(B, n, H, dh) rotated head coordinates -> (B, n, d) in the layer's basis."""
+        B, n, H, dh = C.shape
+        return self.rot(C, inverse=True).reshape(B, n, H * dh)
+
+    def _anchored(self, f: _Frame, C: Tensor, P: Tensor, valid: Tensor, log_nu: Tensor, alpha: float,
+                  attention: AttentionPass | None) -> tuple[Tensor, AttentionPass | None]:
+        """The anchored step on head coordinates C towards anchors P (B, n, H, dh): isotropic heads (§3.3, log ν =
+        log(λ' s²)) or a diagonal / free metric (§3.8, log κ = log λ'), ρ = exp from the fused pass, other ρ from
+        the blocked kernel. Returns the new coordinates (B, n, H, dh) and the pass (ρ = exp)."""
+        att = f.layer.attention
+        if self.exp:
+            if f.A is None:
+                return anchored_softmax_update(C, P, f.scales, log_nu, valid, alpha, attention, certified=False)
+            return metric_softmax_update(C, P, f.A, f.mu, log_nu, valid, alpha, attention)
+        H = att.H
+        Ct, Pt = C.transpose(1, 2), P.transpose(1, 2)              # (B, H, n, dh)
+        nu = log_nu.exp()
+        if f.A is not None:
+            U = metric_kernel_update(Ct, Pt, f.A, f.mu, nu.reshape(-1, H) if nu.dim() > 1 else nu, valid,
+                                     get_rho(att.rho), alpha)
+            return U.transpose(1, 2), None
+        num, deg = weighted_average(f.scales[None, :, None, None] * Ct, Ct, valid, get_rho(att.rho))
+        nu = nu.reshape(-1, H)[:, :, None, None] if nu.dim() > 1 else nu[:, None, None]
+        target = (nu * num + Pt) / (nu * deg + 1)                   # (B, H, n, dh)
+        U = target if alpha == 1 else torch.lerp(Ct, target, float(alpha))
+        return U.transpose(1, 2), None
 
     def frame(self, ell: int) -> _Frame:
         return self.frames[0 if self.tied else ell]
@@ -171,14 +233,12 @@ class RotatedStack:
         """The anchored step (α·scale) in the layer's basis: (B, n, d), and the attention pass at Y (ρ = exp)."""
         att = f.layer.attention
         alpha = att.alpha * scale
-        if not self.exp:
+        if not self.exp and f.A is None and not self.rotary:
             return anchored_attention_step(Y, Xr, f.scales, att.sample_lam(valid), att.rho, alpha, ~valid,
                                            certified=False), None
-        B, n, d = Y.shape
-        C, Xc = Y.view(B, n, att.H, d // att.H), Xr.view(B, n, att.H, d // att.H)   # (B, n, H, dh) views
-        U, attention = anchored_softmax_update(C, Xc, f.scales, sample_log_nu(f, valid), valid, alpha, attention,
-                                               certified=False)
-        return U.reshape(B, n, d), attention
+        C, Xc = self.heads(Y, att.H), self.heads(Xr, att.H)         # (B, n, H, dh) (rotated with rotary)
+        U, attention = self._anchored(f, C, Xc, valid, sample_log_nu(f, valid), alpha, attention)
+        return self.unheads(U), attention
 
     def _ffn(self, f: _Frame, U: Tensor, scale: float, W_out: Tensor | None,
              turn: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -232,9 +292,8 @@ class RotatedStack:
     def _pass(self, f: _Frame, Y: Tensor, valid: Tensor, average: bool) -> AttentionPass | None:
         if not self.exp:
             return None
-        B, n, d = Y.shape
-        H = f.layer.attention.H
-        return attention_pass(Y.view(B, n, H, d // H), f.scales, valid, average=average)
+        C = self.heads(Y, f.layer.attention.H)                      # (B, n, H, dh)
+        return attention_pass(C, f.scales if f.A is None else None, valid, average=average, metric=f.A)
 
     def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor,
                attention: AttentionPass | None, hidden: Tensor | None) -> EnergyTerms:
@@ -247,8 +306,9 @@ class RotatedStack:
             attention = attention if attention is not None else self._pass(f, Y, valid, average=False)
             e_attention = mass_energy(attention, valid)
         else:
-            factors = isotropic_factors(f.scales, Y.shape[-1])
-            e_attention = E.attention_energy(Y, factors, att.rho, ~valid, check_finite=False)
+            B, n, d = Y.shape
+            Z = self.heads(Y, att.H).reshape(B, n, d)               # rotated coordinates (rotary)
+            e_attention = E.attention_energy(Z, block_factors(f, d), att.rho, ~valid, check_finite=False)
         if att.length_norm:
             e_attention = e_attention * length_weight(valid)        # E_A / n (THEORY §3.7)
         e_attention = e_attention + 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam

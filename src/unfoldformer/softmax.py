@@ -142,7 +142,8 @@ def logit_error_bound(radius_sq: Tensor, k: int, dtype: torch.dtype) -> Tensor:
 
 
 def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal: bool = False,
-                   average: bool = True, rows: int | None = None, fused: bool | None = None) -> AttentionPass:
+                   average: bool = True, rows: int | None = None, fused: bool | None = None,
+                   metric: Tensor | None = None) -> AttentionPass:
     """S_i and o_i (module doc) of every token and head, from head coordinates C (B, n, H, dh).
 
     `scales` (H,): features a = s_h c (None: a = c); `valid` (B, n) True = real token. The features are
@@ -154,19 +155,25 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     `diagonal`: count j = i (d_i and its average, one call without a mask; for steps, not energies).
     With `average=False` only the log mass (the values are then the keys, which saves building them).
     `rows`: queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
+    `metric` (H, dh, dh): free per-head maps A_h (THEORY §3.8), features a_i = (c_i − mean) A_hᵀ (then
+    `scales` must be None); the values stay c.
     """
     B, n, H, dh = C.shape
     weights = valid.to(C.dtype)                                    # (B, n)
     mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
     mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
     s = torch.ones(H, 1, dtype=C.dtype, device=C.device) if scales is None else scales.to(C.dtype)[:, None]
-    a = (C - mean) * s                                             # (B, n, H, dh) s_h (c_i − mean)
+    if metric is None:
+        a = (C - mean) * s                                         # (B, n, H, dh) s_h (c_i − mean)
+    else:
+        a = torch.einsum("bnhk,hjk->bnhj", C - mean, metric.to(C.dtype))   # (B, n, H, dh) (c_i − mean) A_hᵀ
     half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
     if C.dtype != torch.float64 and n > 1:
         radius_sq = 2 * half.detach()[..., 0].where(valid[..., None], 0.0).max()
         if float(logit_error_bound(radius_sq, dh, C.dtype)) > PRECISION_TARGET:
             wide = attention_pass(C.double(), None if scales is None else scales.double(), valid, diagonal=diagonal,
-                                  average=average, rows=rows, fused=fused)
+                                  average=average, rows=rows, fused=fused,
+                                  metric=None if metric is None else metric.double())
             avg = None if wide.average is None else wide.average.to(C.dtype)
             return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
