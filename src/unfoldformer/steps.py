@@ -29,8 +29,8 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from .contracts import check_positive, check_step
-from .errors import ConfigError
 from .energy import check_factors, check_states, head_features, pair_weights, tied_ffn_energy_from_hidden
+from .errors import ConfigError
 from .kernels import centred, needs_float64, weighted_average
 from .rho import Rho, get_rho
 from .softmax import AttentionPass, attention_pass
