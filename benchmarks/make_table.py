@@ -23,9 +23,11 @@ from collections import defaultdict
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODELS = ("certified-tied", "certified-untied", "paper", "standard", "energy-transformer", "crate")
+MODELS = ("certified-tied", "certified-untied", "certified-joint", "certified-joint-untied", "paper", "standard",
+          "energy-transformer", "crate")
 RHO_MODELS = ("certified-tied", "certified-untied")   # trained with every ρ (`accuracy.py --rho`)
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
+         "certified-joint": "certified-joint (tied)", "certified-joint-untied": "certified-joint (untied)",
          "paper": "paper preset (theory-consistent)", "standard": "standard pre-LN Transformer",
          "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)"}
 DATASET_NAMES = {"sst2": "SST-2 dev", "imdb": "IMDB test"}
