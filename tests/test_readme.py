@@ -24,7 +24,7 @@ def test_readme_train_command_is_a_valid_config():
 
 def test_readme_quickstart_runs_as_written(sst2_dir, tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", _quick_start(), re.S)
-    assert len(blocks) == 2, "README's Quick start should have its two Python blocks"
+    assert len(blocks) == 3, "README's Quick start should have its three Python blocks"
     monkeypatch.chdir(tmp_path)
     train(TrainConfig().with_overrides([*TINY_TRAIN, "--data.data_dir", str(sst2_dir), "--model.d_model", "64",
                                         "--run.out_dir", "runs/sst2", "--optim.epochs", "1"]))
@@ -32,6 +32,8 @@ def test_readme_quickstart_runs_as_written(sst2_dir, tmp_path, monkeypatch):
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "README.md", "exec"), namespace)    # noqa: S102
+        if "CertifiedEncoder" in block:                          # the own-network block: a curve per sample
+            assert namespace["out"].energies.shape == (2, 7) and (tmp_path / "my-encoder").is_dir()
     assert namespace["out"].energies.shape == (4, 7) and namespace["predictor"].unfolded
     p = namespace["p"]
     assert p.never_rises is True and len(p.energies) == namespace["predictor"].model.encoder.config.depth + 1
