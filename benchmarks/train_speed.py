@@ -48,11 +48,13 @@ NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (u
          "paper": "paper preset", "standard": "standard pre-LN Transformer",
          "certified-tied-fixed-basis": "certified (tied), learn_basis=False",
          "certified-untied-cayley": "certified (untied), Cayley map",
-         "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)"}
+         "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)",
+         "energy-transformer-explicit": "Energy Transformer (peer), explicit n × n step (0.2.0)"}
 #: variant -> (kind, model overrides)
 VARIANTS = {**{kind: (kind, {}) for kind in KINDS},
             "certified-tied-fixed-basis": ("certified-tied", {"learn_basis": False}),
-            "certified-untied-cayley": ("certified-untied", {"basis_map": "cayley"})}
+            "certified-untied-cayley": ("certified-untied", {"basis_map": "cayley"}),
+            "energy-transformer-explicit": ("energy-transformer", {})}
 TARGETS = {"certified-tied": {64: 1.2, 256: 1.1}, "certified-untied": {64: 1.05, 256: 1.05}}
 
 
@@ -83,6 +85,8 @@ def training_step(variant: str, table: _Table):
                                  "optim": {k: OPTIM[k] for k in ("lr", "weight_decay")}})
     torch.manual_seed(0)
     model = build_classifier(cfg, table)
+    if variant == "energy-transformer-explicit":                     # the explicit reference at every n
+        model.encoder.fused = False
     optimizer = make_optimizer(model, cfg)
 
     def step(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:

@@ -99,11 +99,11 @@ def test_bit_flip_in_a_checkpoint_refuses_resume(run_dir, tmp_path, capsys):
     state = load_train_state(copy / "checkpoint.pt")
     name = "project.weight"                                        # the input map e → d_model
     _flip_inside(copy / "checkpoint.pt", state["model"][name])
-    before = {p.name: p.read_bytes() for p in copy.iterdir()}
+    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
     assert cli.main(["train", "--run.out_dir", str(copy), "--resume"]) == 2
     err = capsys.readouterr().err
     assert re.search(rf"checkpoint.pt: corrupt: checksum mismatch in model/{re.escape(name)} ", err), err
-    assert {p.name: p.read_bytes() for p in copy.iterdir()} == before      # nothing rewritten
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before      # nothing rewritten
 
 
 def test_bit_flip_in_weights_is_refused_by_evaluate_predict_and_load(run_dir, tmp_path, capsys):

@@ -70,8 +70,9 @@ def test_predict_command_prints_labels_probabilities_and_curves(run_dir, tmp_pat
     assert [r["text"] for r in rows] == ["great fun", "superb and lovely", "awful , boring plot"]
     assert all(r["label_name"] in ("negative", "positive") and len(r["energies"]) == 3 for r in rows)
     assert main(["predict", str(run_dir), "--text", "great fun"]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.split()[0] in ("negative", "positive") and "E:" in line and "great fun" in line
+    header, line = capsys.readouterr().out.strip().splitlines()
+    assert header.startswith("classes: negative, positive")
+    assert line.split()[0] in ("negative", "positive") and "E/n:" in line and "great fun" in line
 
 
 @pytest.mark.parametrize("args, message", [

@@ -181,9 +181,12 @@ def test_run_writes_outputs_and_learns(trained_run):
         assert (out / name).is_file(), name
     saved = json.loads((out / "config.json").read_text())
     assert saved["resolved"]["model"]["tied"] is True and saved["resolved"]["train_examples"] == 400
-    assert TrainConfig.from_dict(saved).to_dict() == cfg.to_dict()
+    assert TrainConfig.from_dict(saved).to_dict() == cfg.replace(model__n_classes=2).to_dict()   # set from the data
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [25, 50] and len((out / "metrics.csv").read_text().splitlines()) == 3
+    table = (out / "metrics.csv").read_text().splitlines()
+    assert [r["step"] for r in rows] == [25, 50]
+    assert [line.split(",")[:2] for line in table if line.startswith("eval")] == [["eval", "25"], ["eval", "50"]]
+    assert sum(line.startswith("step,") for line in table) == 5                         # run.log_every 10
     assert summary["best"]["eval_accuracy"] >= 0.7 and "energy_monotone_share" not in rows[-1]   # energies: evaluate
     assert not list(out.glob(".*.tmp"))                            # no temporary files left behind
 
@@ -286,6 +289,10 @@ def test_resume_after_sigkill_is_bitwise_identical(sst2_dir, tmp_path):
     strip = lambda p: [{k: v for k, v in json.loads(line).items() if "time" not in k and "per_s" not in k
                         and k != "run_id"} for line in p.read_text().splitlines()]
     assert strip(killed / "metrics.jsonl") == strip(tmp_path / "straight" / "metrics.jsonl")
+    # metrics.csv is cut back to the checkpoint on resume: its per-step rows (loss, lr, gradient norm, energy
+    # statistics: no times) are those of the straight run, each step once
+    steps = lambda p: [line for line in (p / "metrics.csv").read_text().splitlines() if line.startswith("step,")]  # noqa: E731
+    assert steps(killed) == steps(tmp_path / "straight") and len(steps(killed)) == 10      # 100 steps, log_every 10
     # the resumed run is the same run: one run id in every row, in config.json and in the weights
     run_ids = {json.loads(line)["run_id"] for line in (killed / "metrics.jsonl").read_text().splitlines()}
     saved = json.loads((killed / "config.json").read_text())["resolved"]["run_id"]

@@ -8,9 +8,11 @@ Implements Yang, Huang, Wipf (NeurIPS 2022), "Transformers from an Optimization 
     out = model(x, padding_mask, return_energies=True)     # out.energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
 
 The core is at the root: the ρ family (`rho`), energies (`energy`), descent steps (`steps`),
-layers (`layers`), the model and its config (`model`, `config`), descent tolerances
+layers (`layers`), the model and its config (`model`, `config`), a certified layer for your own
+model (`encoder`: `CertifiedEncoderLayer`, `CertifiedEncoder`), saving and sharing models
+(`hub`: `save_pretrained` / `from_pretrained`), descent tolerances
 (`descent`), the baseline (`baselines`), the classifier (`classifier`), the paper's released
-formulas (`released`) and loading a trained classifier (`inference`). Applications are
+formulas (`released`) and loading a trained classifier (`inference`; trained ones ship in `zoo`). Applications are
 sub-packages: `data`, `train`, `paper` (the reproduction), `probe` (pretrained models), and
 the command line `cli`.
 """
@@ -19,8 +21,10 @@ from .baselines import StandardTransformer
 from .classifier import SequenceClassifier, build_encoder
 from .config import PRESETS, ModelConfig
 from .descent import descent_tolerance
+from .encoder import CertifiedEncoder, CertifiedEncoderLayer
 from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_ffn_energy
 from .errors import ConfigError, UnfoldformerError
+from .hub import PretrainedError, from_pretrained
 from .inference import Predictor, load
 from .model import EncoderOutput, UnfoldedTransformer
 from .peers import Crate, EnergyTransformer
@@ -32,6 +36,7 @@ __version__ = "0.2.0"
 __all__ = [
     "ConfigError", "Crate", "EncoderOutput", "EnergyTransformer", "ModelConfig", "PRESETS", "Predictor", "Rho",
     "SequenceClassifier",
+    "CertifiedEncoder", "CertifiedEncoderLayer", "PretrainedError", "from_pretrained",
     "StandardTransformer", "UnfoldedTransformer", "UnfoldformerError", "anchor_energy", "anchored_attention_step",
     "attention_energy", "attention_step", "build_encoder", "check_rho", "custom_rho", "descent_tolerance",
     "get_rho", "load", "register_rho", "symmetric_ffn_energy", "symmetric_ffn_step", "tied_ffn_energy", "tied_ffn_step",

@@ -11,12 +11,13 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .energy import check_dtype, check_states
 from .errors import ConfigError
+from .hub import PretrainedMixin
 from .model import EncoderOutput
 
 __all__ = ["StandardTransformer"]
 
 
-class StandardTransformer(nn.Module):
+class StandardTransformer(PretrainedMixin, nn.Module):
     """Pre-LayerNorm `nn.TransformerEncoder` (GELU MLP, final LayerNorm) of width d_model, depth, heads, MLP width."""
 
     def __init__(self, config: ModelConfig | None = None):

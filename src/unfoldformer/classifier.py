@@ -1,9 +1,14 @@
-"""`SequenceClassifier`: token embeddings → (linear map) → encoder → masked mean pooling → linear head."""
+"""`SequenceClassifier`: token embeddings → (linear map) → encoder → masked mean pooling → linear head.
+
+An encoder with a `pool(hidden, padding_mask) -> (B, d)` method (CRATE, whose published readout pools
+before its final LayerNorm) pools its own way."""
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .hub import _CLASSES, PretrainedError, PretrainedMixin
 
 __all__ = ["SequenceClassifier", "build_encoder", "masked_mean"]
 
@@ -28,7 +33,7 @@ def build_encoder(config: ModelConfig) -> nn.Module:
     return encoders.get(config.attention, UnfoldedTransformer)(config)
 
 
-class SequenceClassifier(nn.Module):
+class SequenceClassifier(PretrainedMixin, nn.Module):
     """Token embeddings → (linear map to d_model) → encoder → masked mean pooling → linear head.
 
     `embedding_table` (V, e) initialises the token embeddings, frozen unless
@@ -56,4 +61,23 @@ class SequenceClassifier(nn.Module):
         if safeguard:
             options["safeguard"] = True
         out = self.encoder(x, padding_mask, **options)
-        return self.head(masked_mean(out.hidden, padding_mask)), out
+        pool = getattr(self.encoder, "pool", None)               # an encoder with its own readout (CRATE)
+        pooled = pool(out.hidden, padding_mask) if pool is not None else masked_mean(out.hidden, padding_mask)
+        return self.head(pooled), out
+
+    def _pretrained_init(self) -> dict:
+        """The constructor's arguments, the embedding table by shape (its values are in the weights)."""
+        vocab, dim = self.embedding.weight.shape
+        return {"encoder": {"class": type(self.encoder).__name__, "init": self.encoder._pretrained_init()},
+                "vocab_size": vocab, "embedding_dim": dim, "d_model": self.head.in_features,
+                "n_classes": self.head.out_features, "trainable_embeddings": self.embedding.weight.requires_grad,
+                "project": isinstance(self.project, nn.Linear), "pad_id": self.embedding.padding_idx}
+
+    @classmethod
+    def _from_pretrained_init(cls, init: dict) -> SequenceClassifier:
+        encoder_cls = _CLASSES.get(init["encoder"]["class"])
+        if encoder_cls is None:
+            raise PretrainedError(f"unknown encoder class {init['encoder']['class']!r}")
+        table = torch.zeros(init["vocab_size"], init["embedding_dim"])      # (V, e): values from the weights
+        return cls(encoder_cls._from_pretrained_init(init["encoder"]["init"]), table, init["d_model"],
+                   init["n_classes"], init["trainable_embeddings"], init["project"], init["pad_id"])

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .rho import RHO_FAMILY, get_rho
 
-__all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "FFN_KINDS", "ModelConfig", "PEER_ATTENTIONS", "PRESETS"]
+__all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_KINDS", "ModelConfig", "PEER_ATTENTIONS",
+           "PRESETS", "check_certified_steps", "check_positive", "upgrade_peer_fields"]
 
 ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transformer", "crate")
 BASIS_MAPS = ("exp", "cayley")
@@ -43,8 +44,8 @@ _ATTENTION_FIELDS = {
     "metric": ("rho", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
     "released": _UNFOLDED,
     "standard": ("dropout",),
-    "energy-transformer": ("energy_step",),
-    "crate": (),
+    "energy-transformer": ("energy_step", "self_pair"),
+    "crate": ("readout",),
 }
 _FFN_FIELDS = {
     "tied": ("ffn_hidden", "alpha_ffn"),
@@ -60,7 +61,12 @@ _FFN_FIELDS = {
 DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_weight=1.0, alpha_attention=1.0,
                 learn_basis=True, basis_map="exp", ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
-                ista_lambda=0.1)
+                ista_lambda=0.1, self_pair=True, readout="pool-norm")
+#: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
+#: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
+CRATE_READOUTS = ("pool-norm", "norm-pool")
+#: Values of the peer fields for configs written before the fields existed (version 0.2.0 and older).
+_LEGACY_PEER_FIELDS = {"energy-transformer": ("self_pair", False), "crate": ("readout", "norm-pool")}
 #: Attention kinds of the peer encoders (no certified energy descent; `peers.py`).
 PEER_ATTENTIONS = ("energy-transformer", "crate")
 
@@ -81,10 +87,13 @@ PRESETS: dict[str, dict] = {
     "standard": dict(d_model=128, n_heads=4, depth=6, attention="standard", ffn="standard", ffn_hidden=512,
                      dropout=0.0),
     # Peer: the Energy Transformer (Hoover et al. 2023), one block applied `depth` = T times, step α.
+    # The self pair B = C is kept in the attention energy, as in the authors' published code (THEORY §8).
     "energy-transformer": dict(d_model=128, n_heads=4, depth=6, attention="energy-transformer", ffn="hopfield",
-                               ffn_hidden=512, energy_step=0.1),
+                               ffn_hidden=512, energy_step=0.1, self_pair=True),
     # Peer: CRATE (Yu et al. 2023), `depth` layers of MSSA + one ISTA step (η, λ as published: 0.1, 0.1).
-    "crate": dict(d_model=128, n_heads=4, depth=6, attention="crate", ffn="ista", ista_step=0.1, ista_lambda=0.1),
+    # Readout as published: pool the tokens, then the final LayerNorm.
+    "crate": dict(d_model=128, n_heads=4, depth=6, attention="crate", ffn="ista", ista_step=0.1, ista_lambda=0.1,
+                  readout="pool-norm"),
 }
 
 
@@ -118,6 +127,8 @@ class ModelConfig:
     energy_step: float | None = None      # Energy Transformer only: step α of x ← x − α ∂E/∂g
     ista_step: float | None = None        # CRATE only: ISTA step η
     ista_lambda: float | None = None      # CRATE only: ISTA sparsity weight λ (threshold ηλ)
+    self_pair: bool | None = None         # Energy Transformer only: keep the key B = C in log Σ_B (published code)
+    readout: str | None = None            # CRATE only: pool-norm (published) | norm-pool (LayerNorm, then pool)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -179,6 +190,7 @@ class ModelConfig:
                     | set(_FFN_FIELDS.get(data.get("ffn") or base["ffn"], ())))
             data = {k: v for k, v in data.items() if k in used or k not in _architecture_fields()}
             data["preset_name"] = data.get("preset_name") or "certified"
+        data = upgrade_peer_fields(data)
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
@@ -206,9 +218,7 @@ class ModelConfig:
         if self.rho is not None and self.rho not in RHO_FAMILY:
             raise ConfigError(f"unknown rho {self.rho!r}; valid: {', '.join(RHO_FAMILY)}")
         for name in ("anchor_weight", "alpha_attention", "alpha_ffn", "energy_step", "ista_step"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+            check_positive(name, getattr(self, name))
         if self.spectrum_bound is not None and not 0 < self.spectrum_bound < 1:
             raise ConfigError(f"spectrum_bound must lie in (0, 1) for a bounded-below F1 energy, "
                               f"got {self.spectrum_bound}")
@@ -218,6 +228,8 @@ class ModelConfig:
             raise ConfigError(f"spectrum_method must be clip or scale, got {self.spectrum_method!r}")
         if self.ista_lambda is not None and not self.ista_lambda >= 0:
             raise ConfigError(f"ista_lambda must be a finite number >= 0, got {self.ista_lambda}")
+        if self.readout is not None and self.readout not in CRATE_READOUTS:
+            raise ConfigError(f"readout must be one of {', '.join(CRATE_READOUTS)}, got {self.readout!r}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ConfigError(f"dropout must lie in [0, 1), got {self.dropout}")
         pairs = {"energy-transformer": "hopfield", "crate": "ista"}
@@ -235,21 +247,47 @@ class ModelConfig:
             self._check_certified()
 
     def _check_certified(self) -> None:
-        a, f = self.alpha_attention, self.alpha_ffn
-        rho = get_rho(self.rho)
-        if self.attention == "anchored" and not 0 < a <= 1:
-            raise ConfigError(f"alpha_attention={a} is outside the certified range (0, 1] of anchored "
-                              "attention (THEORY §3.3)")
-        if self.attention == "metric" and not (0 < a <= 1 or (rho.psd_kernel and 0 < a < 2)):
-            rng = "(0, 2) for a PSD kernel" if rho.psd_kernel else "(0, 1]"
+        check_certified_steps(self.attention, self.ffn, self.rho, self.alpha_attention, self.alpha_ffn)
+
+
+def check_positive(name: str, value: float | None) -> None:
+    """ConfigError unless `value` (None: unset) is a finite number > 0; the config's and the layers' check."""
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
+
+
+def check_certified_steps(attention: str | None, ffn: str | None, rho: str | None, alpha_attention: float | None,
+                          alpha_ffn: float | None) -> None:
+    """ConfigError for a step size outside the range its theorem certifies (THEORY §3); `attention` or `ffn`
+    None skips that part. Used by the config (`certified=True`) and by the layer modules themselves."""
+    a, f = alpha_attention, alpha_ffn
+    if attention == "anchored" and not 0 < a <= 1:
+        raise ConfigError(f"alpha_attention={a} is outside the certified range (0, 1] of anchored "
+                          "attention (THEORY §3.3)")
+    if attention == "metric":
+        rho_ = get_rho(rho)
+        if not (0 < a <= 1 or (rho_.psd_kernel and 0 < a < 2)):
+            rng = "(0, 2) for a PSD kernel" if rho_.psd_kernel else "(0, 1]"
             raise ConfigError(f"alpha_attention={a} is outside the certified range {rng} of Theorem A "
-                              f"(rho={rho.name}, THEORY §3.1)")
-        if self.ffn == "tied" and not 0 < f < 2:
-            raise ConfigError(f"alpha_ffn={f} is outside the certified range (0, 2) of the tied FFN "
-                              "(THEORY §3.4, F2)")
-        if self.ffn == "symmetric" and not 0 < f <= 1:
-            raise ConfigError(f"alpha_ffn (η)={f} is outside the certified range (0, 1] of the symmetric FFN "
-                              "with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)")
+                              f"(rho={rho_.name}, THEORY §3.1)")
+    if ffn == "tied" and not 0 < f < 2:
+        raise ConfigError(f"alpha_ffn={f} is outside the certified range (0, 2) of the tied FFN "
+                          "(THEORY §3.4, F2)")
+    if ffn == "symmetric" and not 0 < f <= 1:
+        raise ConfigError(f"alpha_ffn (η)={f} is outside the certified range (0, 1] of the symmetric FFN "
+                          "with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)")
+
+
+def upgrade_peer_fields(data: dict, attention: str | None = None) -> dict:
+    """A config dict written before the peer fields `self_pair` / `readout` existed (it lists every other
+    field, as `to_dict` does) gets the value that version ran: the ET without the self pair, CRATE's
+    LayerNorm before pooling. Dicts that name the field, or list only some fields, are returned as they are."""
+    base = PRESETS.get(data.get("preset_name") or "certified", {})
+    attention = attention or data.get("attention") or base.get("attention")
+    if attention not in _LEGACY_PEER_FIELDS or "ista_lambda" not in data:    # not a complete to_dict() output
+        return data
+    name, legacy = _LEGACY_PEER_FIELDS[attention]
+    return data if name in data else {**data, name: legacy}
 
 
 def _architecture_fields() -> tuple[str, ...]:

@@ -2,8 +2,11 @@
 
     import unfoldformer as uf
     predictor = uf.load("runs/sst2")                       # a run folder, .safetensors or checkpoint.pt
+    predictor = uf.load("sst2-certified-tied")             # a zoo model (`unfoldformer zoo`), offline
+    predictor.save_pretrained("my-classifier")             # a pretrained folder (`hub.py`); uf.load reads it
     for p in predictor(["a gripping, beautiful film", "dull and far too long"]):
         print(p.label_name, p.probabilities, p.energies)   # energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
+        print(p.energies_per_token)                         # the same curve per real token, E/n
 
 The embedding table and tokenizer are rebuilt from the saved config and checked against the
 sha256 stored with the weights, so a prediction uses exactly the trained function. The weights'
@@ -36,6 +39,7 @@ class Prediction:
     probabilities: list[float]
     tokens: int                            # tokens the model read (after truncation)
     energies: list[float] | None = None    # E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾), float64
+    energies_per_token: list[float] | None = None   # the same curve divided by `tokens` (E/n)
     never_rises: bool | None = None        # the curve never rises beyond round-off
 
     def to_dict(self) -> dict:
@@ -46,9 +50,18 @@ class Predictor:
     """A trained `SequenceClassifier` with its embeddings: texts in, `Prediction`s out."""
 
     def __init__(self, model, embeddings, max_length: int | None, config=None, path: Path | None = None,
-                 integrity: str | None = None):
+                 integrity: str | None = None, label_names: Sequence[str] | None = None):
         self.model, self.embeddings, self.max_length = model.eval(), embeddings, max_length
         self.config, self.path, self.integrity = config, path, integrity
+        n = model.head.out_features
+        self.label_names = tuple(label_names) if label_names is not None else tuple(
+            _label_name(i, n) for i in range(n))
+        if len(self.label_names) != n:
+            raise ValueError(f"{len(self.label_names)} label names for a model with {n} classes")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     @property
     def unfolded(self) -> bool:
@@ -73,22 +86,33 @@ class Predictor:
 
     __call__ = predict
 
+    def save_pretrained(self, folder) -> Path:
+        """This classifier as a pretrained folder (model.safetensors + config.json, `hub.py`); returns it."""
+        from .hub import save_predictor
+        return save_predictor(self, folder)
+
+    @classmethod
+    def from_pretrained(cls, source, **kwargs) -> Predictor:
+        """`load(source, **kwargs)`: a pretrained folder, zoo model name or Hub repo id (or a run)."""
+        return load(source, **kwargs)
+
     def _batch(self, texts: list[str], energies: bool, safeguard: bool) -> list[Prediction]:
         enc = self.embeddings.encode(texts, self.max_length)
-        ids, mask = enc.ids, enc.padding_mask
+        ids, mask = enc.ids.to(self.device), enc.padding_mask.to(self.device)
         if ids.shape[1] == 0:                                      # every text empty: one pad token each
             ids, mask = ids.new_full((len(texts), 1), self.embeddings.pad_id), mask.new_ones(len(texts), 1)
         mask[:, 0] &= (~mask).any(1)                               # an empty text reads one pad token, as in training
         logits, result = self.model(ids, mask, return_energies=energies, safeguard=safeguard)
-        probs = torch.softmax(logits.double(), dim=-1)             # (B, C)
+        probs = torch.softmax(logits.double(), dim=-1).cpu()       # (B, C)
+        per_token = result.energies_per_token(mask) if result.energies is not None else None   # (B, T + 1)
         preds = []
         for i, text in enumerate(texts):
             label = int(probs[i].argmax())
-            pred = Prediction(text, label, _label_name(label, probs.shape[1]), probs[i].tolist(),
-                              int((~mask[i]).sum()))
+            pred = Prediction(text, label, self.label_names[label], probs[i].tolist(), int((~mask[i]).sum()))
             if result.energies is not None:
-                curve = result.energies[i]
+                curve = result.energies[i].cpu()
                 pred.energies = curve.tolist()
+                pred.energies_per_token = per_token[i].cpu().tolist()
                 tol = descent_tolerance(result.hidden.dtype)              # the states' own round-off
                 pred.never_rises = bool(lowered(curve[:-1], curve[1:], tol).all())
             preds.append(pred)
@@ -99,16 +123,25 @@ def _label_name(label: int, n_classes: int) -> str:
     return LABEL_NAMES[label] if n_classes == len(LABEL_NAMES) else str(label)
 
 
-def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: int | None = -1) -> Predictor:
-    """A `Predictor` for a run folder (its best weights), a `.safetensors` file or a `checkpoint.pt`.
+def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: int | None = -1,
+         device: str = "cpu") -> Predictor:
+    """A `Predictor` for a run folder (its best weights), a `.safetensors` file, a `checkpoint.pt`, a
+    pretrained folder (`Predictor.save_pretrained`), a zoo model's name or a Hub repo id ("owner/name").
 
     `max_length`: truncation of the inputs (default -1: the training length; None: full length).
-    `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings)."""
-    from .runs import check_at_least
+    `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings).
+    `device`: auto, cpu, cuda (cuda:N) or mps, checked before anything is read.
+    Predictions name their class by the training data's labels (`Prediction.label_name`)."""
+    from .runs import check_at_least, check_device, resolve_device
     from .train.checkpoint import load_classifier
 
+    check_device("device", device)
     if max_length != -1:
         check_at_least("max_length", max_length, optional=True)
-    loaded = load_classifier(path, data_dir=None if data_dir is None else str(data_dir))
+    from .hub import classifier_source
+    loaded = load_classifier(classifier_source(path), data_dir=None if data_dir is None else str(data_dir))
     length = loaded.config.data.max_length if max_length == -1 else max_length
-    return Predictor(loaded.model, loaded.embeddings, length, loaded.config, loaded.path, loaded.info.get("integrity"))
+    predictor = Predictor(loaded.model.to(resolve_device(device)), loaded.embeddings, length, loaded.config,
+                          loaded.path, loaded.info.get("integrity"), loaded.label_names)
+    predictor.info = loaded.info                               # run id, metrics: kept by save_pretrained
+    return predictor

@@ -1,8 +1,9 @@
 """Unfolded layers as nn.Modules: parameterised descent steps and their energies (THEORY §3, §7.1).
 
-A layer is an attention step followed by an FFN step. Each attention and FFN module
-exposes `energy(Y, X, padding_mask)` — the energy its own step descends — so the layer
-energy is their sum:
+A layer is an attention step followed by an FFN step. Each module exposes the energy its own
+step descends — attention modules `energy(Y, X, padding_mask)` (X the anchor), FFN modules
+`energy(Y, padding_mask)` — so the layer energy `UnfoldedLayer.energy(Y, X, padding_mask)` is
+their sum:
 
 - `AnchoredAttention` (§3.3): isotropic heads s_h U_hᵀ on a learned orthogonal basis;
   energy E_A + λ⁻¹ ½‖Y − X‖².
@@ -19,7 +20,11 @@ with the tied FFN (or none) run inside the model in their own bases instead (`ro
 same parameters and results; these modules stay the reference for them.
 
 `padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float in
-[0, 1]) multiplies the step size; the safeguard uses it.
+[0, 1]) multiplies the step size; the safeguard uses it. Step sizes and λ are checked on
+construction with the config's messages (`config.check_positive`, `config.check_certified_steps`):
+with `certified=True` (the default) a step outside its certified range is refused, so a stack
+built from these modules by hand keeps its certificate or says why not. For a layer with
+defaults and `nn.TransformerEncoderLayer` conventions, use `unfoldformer.CertifiedEncoderLayer`.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from torch.nn.utils import parametrize
 
 from . import energy as E
 from .bases import orthogonal_basis
+from .config import check_certified_steps, check_positive
 from .steps import anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step, tied_ffn_step
 
 
@@ -46,8 +52,12 @@ class AnchoredAttention(nn.Module):
     """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3)."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
-                 basis_map: str = "exp"):
+                 basis_map: str = "exp", *, certified: bool = True):
         super().__init__()
+        check_positive("anchor_weight", lam)
+        check_positive("alpha_attention", alpha)
+        if certified:
+            check_certified_steps("anchored", None, rho, alpha, None)
         self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
         dh = d // n_heads
         self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
@@ -78,8 +88,12 @@ class MetricAttention(nn.Module):
     One head (the `paper` preset): F = A acts on all d coordinates, value = identity.
     """
 
-    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool, basis_map: str = "exp"):
+    def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool, basis_map: str = "exp", *,
+                 certified: bool = True):
         super().__init__()
+        check_positive("alpha_attention", alpha)
+        if certified:
+            check_certified_steps("metric", None, rho, alpha, None)
         self.d, self.H, self.rho, self.alpha = d, n_heads, rho, alpha
         dh = d // n_heads
         self.A = nn.Parameter(torch.empty(n_heads, dh, dh))
@@ -138,8 +152,11 @@ class SymmetricFFN(nn.Module):
     step; inside `parametrize.cached()` (the model's forward) it is computed once.
     """
 
-    def __init__(self, d: int, eta: float, relu: bool, bound: float, method: str):
+    def __init__(self, d: int, eta: float, relu: bool, bound: float, method: str, *, certified: bool = True):
         super().__init__()
+        check_positive("alpha_ffn", eta)
+        if certified:
+            check_certified_steps(None, "symmetric", None, None, eta)
         self.eta, self.relu = eta, relu
         self.W_F = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
         parametrize.register_parametrization(self, "W_F", BoundedSymmetric(bound, method))
@@ -160,8 +177,11 @@ class SymmetricFFN(nn.Module):
 class TiedFFN(nn.Module):
     """(F2) Y⁺ = (1−α)Y + α ReLU(Y W1 + 1b) W1ᵀ: a standard FFN with W2 = W1ᵀ plus a residual."""
 
-    def __init__(self, d: int, hidden: int, alpha: float):
+    def __init__(self, d: int, hidden: int, alpha: float, *, certified: bool = True):
         super().__init__()
+        check_positive("alpha_ffn", alpha)
+        if certified:
+            check_certified_steps(None, "tied", None, None, alpha)
         self.alpha = alpha
         self.W1 = nn.Parameter(torch.randn(d, hidden) / math.sqrt(hidden))
         self.b = nn.Parameter(torch.zeros(hidden))

@@ -43,6 +43,7 @@ from .config import ModelConfig
 from .descent import descent_tolerance, lowered
 from .energy import check_dtype, check_states
 from .errors import ConfigError
+from .hub import PretrainedMixin
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
@@ -55,13 +56,15 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     d, H = cfg.d_model, cfg.n_heads
     if cfg.attention == "anchored":
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
-                                 cfg.basis_map or "exp")
+                                 cfg.basis_map or "exp", certified=cfg.certified)
     elif cfg.attention == "metric":
-        attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp")
+        attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp",
+                               certified=cfg.certified)
     else:
         attn = ReleasedAttention(d)
-    ffn = {"tied": lambda: TiedFFN(d, cfg.ffn_hidden, cfg.alpha_ffn),
-           "symmetric": lambda: SymmetricFFN(d, cfg.alpha_ffn, cfg.relu, cfg.spectrum_bound, cfg.spectrum_method),
+    ffn = {"tied": lambda: TiedFFN(d, cfg.ffn_hidden, cfg.alpha_ffn, certified=bool(cfg.certified)),
+           "symmetric": lambda: SymmetricFFN(d, cfg.alpha_ffn, cfg.relu, cfg.spectrum_bound, cfg.spectrum_method,
+                                             certified=bool(cfg.certified)),
            "released": lambda: ReleasedFFN(d, cfg.relu),
            "none": lambda: None}[cfg.ffn]()
     return UnfoldedLayer(attn, ffn)
@@ -69,7 +72,37 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
 
 @dataclass
 class EncoderOutput:
-    """`hidden` (B, n, d); with energies requested the (B, ·) float64 tensors described in the module doc."""
+    """What every encoder's forward returns. Only `hidden` is always set; the other fields are None
+    unless the forward was asked for them. B = batch, n = tokens, d = d_model, T = depth; every
+    energy is float64, summed over the real (unpadded) tokens of each sample.
+
+    Args:
+        hidden (`Tensor` (B, n, d), the input's dtype):
+            The final states Y⁽ᵀ⁾ (a peer: its read-out, e.g. LN(x⁽ᵀ⁾) for the Energy Transformer).
+            Padded rows hold the input's padded rows.
+        energies (`Tensor` (B, T + 1), `return_energies=True`):
+            The energy curve. Tied: E(Y⁽ᵗ⁾) for t = 0 … T, one energy throughout. Untied: entry 0 is
+            E_1(Y⁽⁰⁾) and entry ℓ ≥ 1 is E_ℓ(Y⁽ℓ⁾), the energy of the layer that produced the state.
+            Energy Transformer: E(g⁽ᵗ⁾). Divide by the number of real tokens for a per-token value.
+        layer_before (`Tensor` (B, T), `return_energies=True`):
+            E_ℓ(Y⁽ℓ⁻¹⁾): layer ℓ's energy at its input.
+        layer_after (`Tensor` (B, T), `return_energies=True`):
+            E_ℓ(Y⁽ℓ⁾): layer ℓ's energy at its output; layer ℓ descended where
+            `layer_after[:, ℓ-1] <= layer_before[:, ℓ-1]` (up to `descent_tolerance`).
+        attention_before, attention_after (`Tensor` (B, T), `return_energies="steps"`):
+            The attention term of E_ℓ (with the anchor term, for anchored attention) at Y⁽ℓ⁻¹⁾ and at
+            U⁽ℓ⁾, the state after the attention step.
+        ffn_before, ffn_after (`Tensor` (B, T), `return_energies="steps"`):
+            The FFN term of E_ℓ at U⁽ℓ⁾ and at Y⁽ℓ⁾ (0 without an FFN).
+        step_scales (`Tensor` (B, T), `return_energies=True` or `safeguard=True`):
+            The step scale accepted per layer and sample: 1 a full step, 0.5ᵏ after k halvings of the
+            safeguard, 0 a skipped layer (the sample kept its state).
+        coding_rate_before, coding_rate_after (`Tensor` (B, T), CRATE with `return_energies=True`):
+            The coding rate R^c_ℓ of layer ℓ's subspaces at LN(Y⁽ℓ⁻¹⁾) and at LN(Y⁽ℓ⁻¹⁾ + MSSA), after
+            its attention step.
+        sparsity (`Tensor` (B, T), CRATE with `return_energies=True`):
+            The share of zero entries of layer ℓ's ISTA output over the real tokens.
+    """
 
     hidden: Tensor
     energies: Tensor | None = None
@@ -80,12 +113,19 @@ class EncoderOutput:
     ffn_before: Tensor | None = None
     ffn_after: Tensor | None = None
     step_scales: Tensor | None = None
-    # CRATE (`peers.Crate`, return_energies=True), (B, depth) float64: the coding rate R^c_ℓ of layer ℓ's
-    # subspaces at LN(Y⁽ℓ⁻¹⁾) and at LN(Y⁽ℓ⁻¹⁾ + MSSA) (after its attention step), and the share of zero
-    # entries of the ISTA output over real tokens.
     coding_rate_before: Tensor | None = None
     coding_rate_after: Tensor | None = None
     sparsity: Tensor | None = None
+
+    def energies_per_token(self, padding_mask: Tensor | None = None) -> Tensor | None:
+        """(B, depth + 1) float64: `energies` / n, n = each sample's real tokens (`padding_mask` (B, n), True
+        marks padding; None: all n tokens are real); None without energies. E sums over tokens, so E/n
+        compares texts of different lengths."""
+        if self.energies is None:
+            return None
+        n = (torch.full(self.energies.shape[:1], self.hidden.shape[1], device=self.energies.device)
+             if padding_mask is None else (~padding_mask).sum(1).to(self.energies.device))   # (B,)
+        return self.energies / n.to(torch.float64).clamp_min(1.0)[:, None]
 
 
 @dataclass
@@ -166,10 +206,12 @@ class _ModuleStack:
 _DETAIL = {None: None, False: None, True: "curve", "curve": "curve", "steps": "steps"}
 
 
-class UnfoldedTransformer(nn.Module):
+class UnfoldedTransformer(PretrainedMixin, nn.Module):
     """A Transformer whose layers are descent steps on an explicit energy (THEORY §3)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, *, layers: list[nn.Module] | None = None):
+        """`layers`: the layer modules to use (1 if tied, else `depth`), built from `config` when None
+        (`CertifiedEncoder` passes its own)."""
         super().__init__()
         config = config.resolved()
         if config.attention == "standard":
@@ -177,7 +219,10 @@ class UnfoldedTransformer(nn.Module):
                               "(or unfoldformer.classifier.build_encoder)")
         self.config = config
         n_layers = 1 if config.tied else config.depth
-        self.layers = nn.ModuleList(build_layer(config) for _ in range(n_layers))
+        if layers is not None and len(layers) != n_layers:
+            raise ConfigError(f"a {'tied' if config.tied else 'untied'} model of depth {config.depth} takes "
+                              f"{n_layers} layer module(s), got {len(layers)}")
+        self.layers = nn.ModuleList(layers if layers is not None else (build_layer(config) for _ in range(n_layers)))
 
     def layer(self, index: int) -> UnfoldedLayer:
         return self.layers[0 if self.config.tied else index]

@@ -33,7 +33,7 @@ from .errors import ConfigError, OutputError
 from .utils import current_umask, file_sha256, fsync_folder, jsonable, write_json
 
 __all__ = ["MANIFEST_NAME", "check_at_least", "check_device", "check_output_location", "config_sha256",
-           "folder_lock", "new_run_id", "staged_output"]
+           "folder_lock", "new_run_id", "resolve_device", "staged_output"]
 
 
 # ----------------------------------------------------------------------------- settings checked before work
@@ -46,13 +46,26 @@ def check_at_least(name: str, value, low: int = 1, *, optional: bool = False) ->
         raise ConfigError(f"{name} must be {allowed}, got {value!r}")
 
 
-def check_device(name: str, device: str) -> None:
-    """ConfigError unless `device` names a device torch can use here (cpu, cuda, cuda:N, mps)."""
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda if torch sees a CUDA device, else mps if available, else cpu; other names unchanged."""
     import torch
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else "cpu"
+
+
+def check_device(name: str, device: str) -> None:
+    """ConfigError unless `device` is `auto` or names a device torch can use here (cpu, cuda, cuda:N, mps)."""
+    import torch
+    if device == "auto":
+        return
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"{name}={device!r} is not a device name; use cpu or cuda (cuda:N)") from None
+        raise ConfigError(f"{name}={device!r} is not a device name; use auto, cpu, cuda (cuda:N) or mps") from None
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -63,7 +76,7 @@ def check_device(name: str, device: str) -> None:
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{name}={device!r}, but MPS is not available here; use cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"{name}={device!r} is not supported; use cpu or cuda")
+        raise ConfigError(f"{name}={device!r} is not supported; use auto, cpu, cuda (cuda:N) or mps")
 
 
 def check_output_location(name: str, path: str | Path, *, folder: bool = True) -> Path:

@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "train": "train a classifier (certified, paper or standard Transformer)",
     "evaluate": "evaluate a saved checkpoint: accuracy and energy curves",
     "predict": "labels, probabilities and energy curves of a trained classifier for new texts",
+    "zoo": "list the trained classifiers shipped with the package",
+    "plot": "loss, accuracy and energy figures of a run folder (PNG, written into it)",
 }
 
 
@@ -38,12 +40,32 @@ def _module(name: str):
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unfoldformer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(subparsers=sub.choices)
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:  # only import the module of the command being run
             _module(name).add_arguments(p)
     return parser
+
+
+def add_device_argument(parser: argparse.ArgumentParser, cpu_only: bool = False) -> None:
+    """`--device auto|cpu|cuda|mps` (also cuda:N), the same on every command that runs a model."""
+    extra = "; this command is not implemented for cuda / mps and refuses them" if cpu_only else ""
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help=f"auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps (default auto){extra}")
+
+
+def check_device_option(args: argparse.Namespace, command: str | None = None) -> str:
+    """ConfigError for a `--device` torch cannot use here; with `command`, also for any device but the CPU
+    (that command computes on the CPU). Returns the resolved device."""
+    from ..errors import ConfigError
+    from ..runs import check_device, resolve_device
+    check_device("--device", args.device)
+    if command is not None and args.device not in ("auto", "cpu"):
+        raise ConfigError(f"--device={args.device!r}: {command} computes on the CPU only (it is not implemented "
+                          "for cuda / mps); use --device cpu or auto")
+    return "cpu" if command is not None else resolve_device(args.device)
 
 
 def check_options(args: argparse.Namespace, *names: str, low: int = 1) -> None:
@@ -62,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = _module(args.command)
     if extra and not getattr(module, "ACCEPTS_EXTRA_ARGS", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     try:
         with warnings.catch_warnings():

@@ -17,7 +17,7 @@ from ..descent import descent_tolerance, share_lowered
 from ..model import UnfoldedTransformer
 from ..runs import check_output_location, staged_output
 from ..utils import write_json
-from . import check_options
+from . import add_device_argument, check_device_option, check_options
 
 OUTPUT_FILES = ("config.json", "demo.json")
 
@@ -30,13 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depth", type=int, default=None, help="override the preset's depth")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="folder for demo.json and config.json")
+    add_device_argument(parser)
 
 
-def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard: bool = False) -> dict:
+def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard: bool = False,
+                 device: str = "cpu") -> dict:
     torch.manual_seed(seed)
-    model = UnfoldedTransformer(cfg).eval()
-    x = torch.randn(batch, tokens, cfg.d_model)                      # (B, n, d)
-    pad = torch.zeros(batch, tokens, dtype=torch.bool)
+    model = UnfoldedTransformer(cfg).eval().to(device)
+    x = torch.randn(batch, tokens, cfg.d_model).to(device)           # (B, n, d), drawn on the CPU
+    pad = torch.zeros(batch, tokens, dtype=torch.bool, device=device)
     pad[batch // 2:, tokens * 3 // 4:] = True                        # half the batch padded
     tol = descent_tolerance(x.dtype)
     with torch.no_grad():
@@ -52,11 +54,12 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
 
 def run(args: argparse.Namespace) -> int:
     check_options(args, "batch", "tokens", "depth")
+    device = check_device_option(args)
     overrides = {} if args.depth is None else {"depth": args.depth}
     cfg = ModelConfig.preset(args.preset, **overrides)
     if args.out is not None:
         check_output_location("--out", args.out)
-    result = energy_trace(cfg, args.batch, args.tokens, args.seed, args.safeguard)
+    result = energy_trace(cfg, args.batch, args.tokens, args.seed, args.safeguard, device)
     print(f"preset {args.preset}: d_model={cfg.d_model} heads={cfg.n_heads} depth={cfg.depth} "
           f"attention={cfg.attention} ffn={cfg.ffn} safeguard={args.safeguard}")
     print(f"{'layer':>5}  {'mean energy E(Y_t)':>20}")

@@ -1,7 +1,7 @@
 """`unfoldformer evaluate`: accuracy and energy-curve statistics of a saved checkpoint.
 
     unfoldformer evaluate CHECKPOINT [--data-dir DIR] [--split SPLIT] [--max-length N | --full-length]
-                          [--safeguard] [--no-energies] [--output FILE]
+                          [--safeguard] [--no-energies] [--device DEVICE] [--output FILE]
 
 CHECKPOINT is a `.safetensors` weights file, a `checkpoint.pt` or a run folder (its best weights).
 Energy statistics (unfolded models only): share of samples whose energy curve E(Y⁰), …, E(Yᵀ)
@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import add_device_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="weights (.safetensors), checkpoint.pt, or a run folder")
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--safeguard", action="store_true",
                         help="backtracking safeguard: whole-layer descent by construction (unfolded models)")
     parser.add_argument("--no-energies", action="store_true", help="skip the energy statistics")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_device_argument(parser)
     parser.add_argument("--output", help="also write the result as JSON to this file")
 
 

@@ -1,10 +1,11 @@
 """`unfoldformer predict`: labels, probabilities and energy curves of a trained classifier.
 
-    unfoldformer predict RUN [--text T ...] [--file F] [--json] [--safeguard] [--full-length]
+    unfoldformer predict RUN [--text T ...] [--file F] [--json] [--safeguard] [--full-length] [--device D]
 
 RUN is a run folder (its best weights), a `.safetensors` file or a `checkpoint.pt`. Texts come
 from `--text` (repeatable), `--file` (one text per line; `-` reads standard input), or both.
-Prints one line per text (label, probabilities, energy curve), or JSON with `--json`.
+Prints the class names, then one line per text (label name, probabilities in class order, the energy
+curve per real token E(Y⁽ᵗ⁾)/n), or JSON with `--json` (with the raw curve E(Y⁽ᵗ⁾) as well).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from . import add_device_argument, check_device_option
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-energies", action="store_true", help="skip the energy curves")
     parser.add_argument("--full-length", action="store_true", help="no truncation (default: the training length)")
     parser.add_argument("--data-dir", help="data folder (vocabularies built from data: random / GloVe embeddings)")
+    add_device_argument(parser)
 
 
 def read_texts(args: argparse.Namespace) -> list[str]:
@@ -43,17 +46,20 @@ def read_texts(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from ..inference import load
 
+    device = check_device_option(args)
     texts = read_texts(args)
-    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1)
+    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1, device=device)
     predictions = predictor(texts, energies=not args.no_energies, safeguard=args.safeguard)
     if args.json:
         print(json.dumps([p.to_dict() for p in predictions], indent=2))
         return 0
+    width = max(8, *(len(name) for name in predictor.label_names))
+    print(f"classes: {', '.join(predictor.label_names)}; E/n = the energy curve E(Y0) ... E(YT) per real token")
     for p in predictions:
         probs = " ".join(f"{v:.3f}" for v in p.probabilities)
-        line = f"{p.label_name:8s} p=[{probs}]"
+        line = f"{p.label_name:{width}s} p=[{probs}]"
         if p.energies is not None:
-            curve = " ".join(f"{e:.4g}" for e in p.energies)
-            line += f"  E: {curve} ({'never rises' if p.never_rises else 'rises'})"
+            curve = " ".join(f"{e:.4g}" for e in p.energies_per_token)
+            line += f"  E/n: {curve} ({'never rises' if p.never_rises else 'rises'})"
         print(f"{line}  | {p.text[:60]}")
     return 0

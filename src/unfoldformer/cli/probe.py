@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_device_argument, check_device_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
@@ -21,9 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads during the probe (1 is fastest on shared cores)")
     parser.add_argument("--out", default="probe_report", help="output folder")
+    add_device_argument(parser, cpu_only=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_device_option(args, "probe")
     from tqdm import tqdm
 
     from ..probe.report import ProbeSettings, run_probe

@@ -9,6 +9,8 @@ import argparse
 import os
 from pathlib import Path
 
+from . import add_device_argument, check_device_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--figures", default="1-6", help="figures to run: '1-6', '1,2,5' (default 1-6)")
@@ -32,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cores to use: the trainings and curve sets run on this many worker processes of one "
                              f"thread each (default: the machine's cores, {os.cpu_count()})")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    add_device_argument(parser, cpu_only=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_device_option(args, "reproduce")
     from ..paper.report import print_summary
     from ..paper.reproduce import run_reproduction
     from ..paper.settings import ReproduceSettings

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from . import add_device_argument, check_device_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rhos", default="exp,log,lp,truncated,linear", help="comma-separated ρ names (exp needed)")
@@ -24,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="folder with SST-2.zip / aclImdb_v1.tar.gz")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default="rho_study", help="output folder")
+    add_device_argument(parser, cpu_only=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_device_option(args, "rho-study")
     from tqdm import tqdm
 
     from ..rho_study import RhoStudySettings, run_rho_study

@@ -1,17 +1,21 @@
 """`unfoldformer train`: train a classifier from a config file plus dotted overrides.
 
-    unfoldformer train [--config FILE] [--resume] [--print-config] [--section.key VALUE ...]
+    unfoldformer train [--config FILE] [--resume] [--print-config] [--device D] [--section.key VALUE ...]
 
 Examples::
 
     unfoldformer train --model.kind certified-tied --data.dataset sst2 --run.out_dir runs/sst2
     unfoldformer train --config cfg.yaml --optim.lr 3e-4 --model.depth 12
     unfoldformer train --run.out_dir runs/sst2 --resume        # reuses runs/sst2/config.json
+    unfoldformer train --run.out_dir runs/sst2 --resume --optim.epochs 5   # extends a finished run
+    unfoldformer train --data.train_file reviews.csv --data.text_column review --data.label_column stars \
+                       --run.out_dir runs/mine                 # your own file (see docs/guides/own-data.md)
     torchrun --nproc_per_node 2 -m unfoldformer train --config cfg.yaml
 
 Sections and keys: see `unfoldformer.train.TrainConfig` (model.kind, model.<ModelConfig field>,
 data.dataset, data.max_length, optim.lr, optim.epochs, optim.batch_size, run.out_dir, ...);
-`--print-config` shows them all with their values.
+`--print-config` shows them all with their resolved values (the model fields the kind's preset fills in).
+`--device` is `--run.device` (auto, cpu, cuda, cuda:N, mps).
 Exit status 2 on an invalid config or an unreadable checkpoint (before any training).
 """
 from __future__ import annotations
@@ -31,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in run.out_dir from its last checkpoint (new run if none)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help="auto, cpu, cuda, cuda:N or mps: the same as --run.device (default auto)")
 
 
 def build_config(config: str | None, overrides: list[str], resume: bool):
@@ -44,11 +50,16 @@ def build_config(config: str | None, overrides: list[str], resume: bool):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..runs import check_device
     from ..train import train
-    cfg = build_config(args.config, args.extra, args.resume)
+    overrides = list(args.extra)
+    if args.device is not None:
+        check_device("--device", args.device)
+        overrides += ["--run.device", args.device]
+    cfg = build_config(args.config, overrides, args.resume)
     if args.print_config:
         cfg.validate(check_data=False)
-        print(json.dumps(cfg.to_dict(), indent=2))
+        print(json.dumps(cfg.resolved_dict(), indent=2))
         return 0
     summary = train(cfg, resume=args.resume)
     if int(os.environ.get("RANK", "0")) == 0:

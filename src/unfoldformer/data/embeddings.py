@@ -12,6 +12,13 @@ Three sources, chosen by :func:`load_embeddings`'s ``spec``:
     ``[UNK]`` (its trained row). Padding id is ``[PAD]`` = 0. Both files are
     checked against the sha256 that pip recorded when the package was installed.
 
+``"hf:FOLDER"``
+    The same for any local Hugging Face encoder folder (``save_pretrained``): its
+    ``tokenizer.json`` (no special tokens added) and the one tensor of
+    ``model.safetensors`` (or ``pytorch_model.bin``) named ``*word_embeddings.weight``
+    (else ``*embed_tokens.weight`` / ``shared.weight``); padding is the tokenizer's
+    ``[PAD]`` / ``<pad>`` token. ``minilm`` is this reader on the packaged folder.
+
 ``"glove:PATH"``
     A GloVe / word2vec text file, ``word v1 ... vd`` per line. A word2vec header
     ``count dim`` is skipped. A word may contain spaces (as a few tokens of GloVe
@@ -177,7 +184,7 @@ def load_embeddings(
     dim: int = 300,
     seed: int = 0,
 ) -> StaticEmbeddings:
-    """Load ``"minilm"``, ``"glove:PATH"`` or ``"random"`` embeddings.
+    """Load ``"minilm"``, ``"hf:FOLDER"``, ``"glove:PATH"`` or ``"random"`` embeddings.
 
     ``vocab_texts`` restricts glove to the words of those texts and is the
     vocabulary source for random (required there); ``dim`` and ``seed`` apply
@@ -189,7 +196,9 @@ def load_embeddings(
         return _load_glove(Path(spec.removeprefix("glove:")).expanduser(), vocab_texts)
     if spec == "random":
         return _build_random(vocab_texts, dim, seed)
-    raise ValueError(f"unknown embeddings {spec!r}; expected 'minilm', 'glove:PATH' or 'random'")
+    if spec.startswith("hf:"):
+        return _load_hf(Path(spec.removeprefix("hf:")))
+    raise ValueError(f"unknown embeddings {spec!r}; expected 'minilm', 'hf:FOLDER', 'glove:PATH' or 'random'")
 
 
 # --------------------------------------------------------------------------- minilm
@@ -208,28 +217,89 @@ def _minilm_folder() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def _load_minilm() -> StaticEmbeddings:
-    from safetensors import safe_open
+    folder = _minilm_folder()
+    verify_installed_files(MINILM_PACKAGE, [folder / "tokenizer.json", folder / "model.safetensors"])
+    emb = _load_hf_folder(folder, "minilm")
+    emb._info["tokenizer"] = "all-MiniLM-L6-v2 word-piece (uncased), no [CLS]/[SEP]"
+    return emb
+
+
+def _load_hf(path: Path) -> StaticEmbeddings:
+    folder = path.expanduser().resolve()
+    if not (folder / "tokenizer.json").is_file():
+        raise DataNotFoundError(f"hf:{path}: no tokenizer.json in this folder; pass the folder of a Hugging Face "
+                                "encoder saved with save_pretrained (a fast tokenizer and its weights)")
+    return _load_hf_cached(str(folder), *(p.stat().st_mtime_ns for p in _hf_files(folder)))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_hf_cached(folder: str, *mtimes: int) -> StaticEmbeddings:
+    return _load_hf_folder(Path(folder), f"hf:{folder}")
+
+
+def _hf_files(folder: Path) -> list[Path]:
+    """tokenizer.json and the weights file (model.safetensors, else pytorch_model.bin)."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / "tokenizer.json", folder / name]
+    raise DataNotFoundError(f"hf:{folder}: no model.safetensors or pytorch_model.bin beside tokenizer.json")
+
+
+def _word_table(weights: Path) -> tuple[str, torch.Tensor]:
+    """(name, (V, d) tensor) of the input word-piece table of an encoder's weights: the one tensor whose
+    name ends in `word_embeddings.weight` (BERT, RoBERTa, DistilBERT, MPNet, ...), else `embed_tokens.weight`
+    or `shared.weight`."""
+    if weights.suffix == ".safetensors":
+        from safetensors import safe_open
+        with safe_open(str(weights), framework="pt") as handle:
+            names = list(handle.keys())
+            pick = _table_name(names, weights)
+            return pick, handle.get_tensor(pick)
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    pick = _table_name(list(state), weights)
+    return pick, state[pick]
+
+
+def _table_name(names: list[str], weights: Path) -> str:
+    for suffix in ("word_embeddings.weight", "embed_tokens.weight", "shared.weight"):
+        found = [n for n in names if n == suffix or n.endswith("." + suffix)]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise DataFormatError(f"{weights}: several word-embedding tables ({', '.join(found[:4])})")
+    raise DataFormatError(f"{weights}: no word-embedding table (a tensor named *word_embeddings.weight)")
+
+
+def _load_hf_folder(folder: Path, name: str) -> StaticEmbeddings:
+    """The word-piece tokenizer (`tokenizer.json`, no special tokens added, no truncation) and the input
+    token table of a Hugging Face encoder folder. Padding id: the tokenizer's pad token ([PAD] or <pad>)."""
     from tokenizers import Tokenizer
 
-    folder = _minilm_folder()
-    tokenizer_file, weights_file = folder / "tokenizer.json", folder / "model.safetensors"
-    verify_installed_files(MINILM_PACKAGE, [tokenizer_file, weights_file])
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer_file, weights_file = _hf_files(folder)
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # tokenizers raises its own exception type for unreadable files
+        raise DataFormatError(f"{tokenizer_file}: not a readable tokenizer ({exc})") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
-    with safe_open(str(weights_file), framework="pt") as weights:
-        table = weights.get_tensor(MINILM_TABLE)
+    tensor, table = _word_table(weights_file)
+    if table.ndim != 2 or table.shape[0] < tokenizer.get_vocab_size():
+        raise DataFormatError(f"{weights_file}: {tensor} has shape {tuple(table.shape)}, fewer rows than the "
+                              f"tokenizer's {tokenizer.get_vocab_size()} tokens")
+    pad = next((tokenizer.token_to_id(t) for t in ("[PAD]", "<pad>") if tokenizer.token_to_id(t) is not None), 0)
+    unk = next((t for t in ("[UNK]", "<unk>") if tokenizer.token_to_id(t) is not None), None)
 
     def tokenize_many(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     info = {
-        "tokenizer": "all-MiniLM-L6-v2 word-piece (uncased), no [CLS]/[SEP]",
-        "oov_policy": "unknown word pieces map to [UNK] (id 100, its trained row)",
-        "tensor": MINILM_TABLE,
+        "tokenizer": f"{folder.name} tokenizer.json, no special tokens",
+        "oov_policy": (f"unknown pieces map to {unk} (id {tokenizer.token_to_id(unk)}, its trained row)" if unk
+                       else "the tokenizer has no unknown token (byte-level pieces)"),
+        "tensor": tensor,
         "files": [tokenizer_file, weights_file],
     }
-    return StaticEmbeddings("minilm", table, tokenizer.token_to_id("[PAD]"), tokenize_many, info)
+    return StaticEmbeddings(name, table, pad, tokenize_many, info)
 
 
 # --------------------------------------------------------------------------- word vocabularies

@@ -236,6 +236,9 @@ def report_blocks(results: dict, timings: dict, cfg: ReproduceSettings) -> list[
               f"{cfg.threads} thread(s); wall time {total:.1f} s."),
         ("h", 2, "Verdicts"),
         ("table", ["claim of the paper", "reproduced?", "evidence"], [list(r) for r in verdict_rows(results)]),
+        ("p", "Every quantity of this report (per-token energy, the whisker shift, the change as a share of "
+              "the total descent, curve never rises, backtracked layer steps) is defined in "
+              "`docs/concepts/definitions.md`."),
         ("h", 2, "Deviations from the paper"), ("ul", _deviations(results)),
     ]
     explanation = _released_explanation(results)

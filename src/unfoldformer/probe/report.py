@@ -134,7 +134,8 @@ def render_markdown(s: dict) -> str:
              "parts; skew ratio ‖K‖/‖G‖; negative eigen-mass Σ|λ₋(S)|/Σ|λ(S)|; value map "
              "M_h = W_V[h]ᵀW_O[h]ᵀ, value-structure distance = min ‖M − cP‖/‖M‖ over rank-d_head "
              "projectors P, value PSD distance = ‖M − (sym M)₊‖/‖M‖. "
-             "E_ℓ = Σ_h Σ_{i<j} −exp(−½‖(y_i−y_j)F_hᵀ‖²) with F_hᵀF_h = S_h⁺; biases ignored.", "",
+             "E_ℓ = Σ_h Σ_{i<j} −exp(−½‖(y_i−y_j)F_hᵀ‖²) with F_hᵀF_h = S_h⁺; biases ignored. "
+             "Mean-form, mean-energy and the whisker shift of `energy_curve.png`: `docs/concepts/definitions.md`.", "",
              "## Per layer: does layer ℓ lower its own energy E_ℓ?", "",
              "| layer | share with E_ℓ(Y⁽ℓ⁺¹⁾) < E_ℓ(Y⁽ℓ⁾) | mean rel. change | median rel. change |",
              "|---|---|---|---|"]

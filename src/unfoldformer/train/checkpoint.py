@@ -122,9 +122,10 @@ def restore_model_state(model: nn.Module, state: dict, cfg: TrainConfig, where: 
 WEIGHTS_FORMAT = "unfoldformer-weights"
 
 
-def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, embedding_sha: str | None = None) -> None:
+def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, embedding_sha: str | None = None,
+                 sidecar: bool = True) -> None:
     """Weights as safetensors (config, `meta` and the checksums of every tensor and of the metadata in
-    its metadata) plus a JSON sidecar `path.json`."""
+    its metadata) plus (`sidecar`) a JSON sidecar `path.json`."""
     from safetensors.torch import save
     sha = embedding_sha or table_sha256(_unwrap(model).embedding.weight)
     info = {"config": cfg.to_dict(), "embedding_sha256": sha, **meta}
@@ -134,7 +135,8 @@ def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, emb
     checksums["<info>"] = hashlib.sha256(text.encode()).hexdigest()
     metadata = {"format": WEIGHTS_FORMAT, "info": text, "checksums": json.dumps(checksums)}
     atomic_write_bytes(path, save(state, metadata=metadata))
-    write_json(path.with_suffix(".json"), info)
+    if sidecar:
+        write_json(path.with_suffix(".json"), info)
 
 
 def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig, dict]:
@@ -232,9 +234,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _check_same_config(saved: dict, cfg: TrainConfig, where: Path) -> None:
-    a, b = _flat(saved), _flat(cfg.to_dict())
-    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
+def _check_same_config(saved: dict, cfg: TrainConfig, where: Path, allow: set[str] = frozenset()) -> None:
+    a, b = {**_flat(TrainConfig().to_dict()), **_flat(saved)}, _flat(cfg.to_dict())   # keys added later: defaults
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES | allow)
     if diff:
         detail = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:6])
         raise ConfigError(f"{where}: the checkpoint was written with a different config ({detail}); "
@@ -258,6 +260,7 @@ class LoadedClassifier:
     embeddings: Any             # data.StaticEmbeddings: table, tokenizer, pad id
     path: Path                  # the weights file read
     info: dict                  # metadata saved with the weights (metrics, embedding sha256)
+    label_names: tuple[str, ...] = ("negative", "positive")    # class index -> the data's label
 
 
 def saved_run_id(folder: Path) -> str | None:
@@ -291,7 +294,8 @@ def load_classifier(path: str | Path, data_dir: str | None = None) -> LoadedClas
     check_same_run(path, info.get("run_id"))
     if data_dir is not None:
         cfg = cfg.replace(data__data_dir=str(data_dir))
-    cfg.validate(check_data=cfg.data.embeddings != "minilm")    # only data-built vocabularies read the data
+    spec = cfg.data.embeddings
+    cfg.validate(check_data=spec.startswith("glove:") or spec == "random")   # only data-built vocabularies read data
     embeddings = load_embeddings_for(cfg)
     model = build_classifier(cfg, embeddings)
     if not cfg.model.trainable_embeddings:
@@ -301,4 +305,13 @@ def load_classifier(path: str | Path, data_dir: str | None = None) -> LoadedClas
                                   f"one the model was trained with (sha256 {sha[:12]} vs "
                                   f"{str(info.get('embedding_sha256'))[:12]})")
     restore_model_state(model, state, cfg, str(path))
-    return LoadedClassifier(model.eval(), cfg, embeddings, path, info)
+    return LoadedClassifier(model.eval(), cfg, embeddings, path, info, _label_names(info, model.head.out_features))
+
+
+def _label_names(info: dict, n_classes: int) -> tuple[str, ...]:
+    """The label names saved with the weights; files written before they were saved: negative / positive
+    for 2 classes, else the class indices."""
+    names = info.get("label_names")
+    if isinstance(names, list) and len(names) == n_classes:
+        return tuple(str(n) for n in names)
+    return ("negative", "positive") if n_classes == 2 else tuple(str(i) for i in range(n_classes))

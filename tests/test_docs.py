@@ -1,0 +1,60 @@
+"""The documentation site builds in strict mode (every link, anchor, page and API name resolves), and
+no Markdown table in README.md or docs/ is wider than 8 columns."""
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+MAX_COLUMNS = 8
+_CELL_SEP = re.compile(r"(?<!\\)\|")          # an unescaped pipe separates cells
+
+
+def _markdown_files():
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+
+
+def table_widths(text: str) -> list[tuple[int, int]]:
+    """(line number, columns) of every Markdown table's header row in `text` (code blocks skipped)."""
+    out, fenced, previous = [], False, ""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced:
+            continue
+        if re.fullmatch(r"\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*", line) and previous.lstrip().startswith("|"):
+            out.append((i, len(_CELL_SEP.split(previous.strip().strip("|")))))
+        previous = line
+    return out
+
+
+def test_table_widths_counts_the_columns_of_a_table():
+    text = "| a | b \\| c | `d` |\n|---|---|---|\n| 1 | 2 | 3 |\n\n```\n| x | y |\n|---|---|\n```\n"
+    assert table_widths(text) == [(1, 3)]
+
+
+def test_no_table_is_wider_than_eight_columns():
+    wide = [f"{path.relative_to(REPO_ROOT)}:{line} has {n} columns"
+            for path in _markdown_files() for line, n in table_widths(path.read_text(encoding="utf-8"))
+            if n > MAX_COLUMNS]
+    assert not wide, "\n".join(wide)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None,
+                    reason="the docs group is not installed (pip install -e '.[docs]')")
+def test_site_builds_strictly(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site"),
+                             "--config-file", str(REPO_ROOT / "mkdocs.yml")],
+                            capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                            env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    import unfoldformer
+    missing = [name for name in unfoldformer.__all__ if f'id="unfoldformer.{name}"' not in api]
+    assert not missing, f"the API reference does not document {missing}"
+    for page in ("index.html", "results/accuracy/index.html", "concepts/definitions/index.html", "theory/index.html"):
+        assert (tmp_path / "site" / page).is_file(), page
