@@ -48,7 +48,7 @@ def masked_logit(dtype: torch.dtype) -> float:
 _MASK_ELEMENTS = 1 << 20     # entries of one (chunk, n) diagonal mask: 4 MiB in float32
 _FUSED_DTYPES = (torch.float32, torch.float64)
 _EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_ALIGN = 16                  # widths and mask rows padded to a multiple of 16 entries (the efficient kernel's alignment)
+_ALIGN = 16                  # widths and mask rows padded to multiples of 16 entries (the kernel's alignment)
 
 
 class AttentionPass(NamedTuple):
