@@ -2,7 +2,8 @@
 docs/theory.md, "Numerics of the fast paths"). Prints one line per measure:
 
 1. plain vs traced forward: max |hidden(model(x)) − hidden(model(x, return_energies=True))| / max |hidden|,
-   certified models (d = 16, 1 and 2 heads, strong FFNs: W1 × 3, b ~ N(0, 0.3));
+   certified models (d = 16, depth 2, tied and untied, 1 and 2 heads, strong FFNs: W1 × 3, b ~ N(0, 0.3),
+   s_h × e^{0.5});
 2. the fused pass against a float64 pair-difference formula on the same rounded inputs: log S_i
    (|Δ| / max(1, |log S_i|), real queries with another real token) and E_A (|Δ| / |E_A|);
 3. every ρ's `attention_step` in float32 against its float64 result on the same inputs, relative to the
@@ -44,21 +45,25 @@ def _run(strategy, cases: int, body) -> None:
     run()
 
 
-def _model(heads: int, seed: int, depth: int = 2) -> UnfoldedTransformer:
+def _model(heads: int, seed: int, depth: int = 2, tied: bool = True) -> UnfoldedTransformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig.preset("certified", d_model=16, n_heads=heads, depth=depth, ffn_hidden=32, anchor_weight=0.5)
+    cfg = ModelConfig.preset("certified", d_model=16, n_heads=heads, depth=depth, ffn_hidden=32, anchor_weight=0.5,
+                             tied=tied)
     model = UnfoldedTransformer(cfg)
     with torch.no_grad():
         for layer in model.layers:
             layer.ffn.W1.mul_(3.0)
             layer.ffn.b.normal_(0.0, 0.3)
+        for name, param in model.named_parameters():   # a basis off the identity (exp(0) = I at init)
+            if "basis" in name:
+                param.add_(0.3 * torch.randn_like(param))
             layer.attention.log_scale.add_(0.5)
     return model
 
 
-def plain_vs_traced(cases: int) -> float:
+def plain_vs_traced(cases: int, tied: bool) -> float:
     worst = [0.0]
-    models = [_model(h, s) for h in (1, 2) for s in (0, 1)]
+    models = [_model(h, s, tied=tied) for h in (1, 2) for s in (0, 1)]
 
     def body(batch):
         Y, _, pad = batch
@@ -186,7 +191,9 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"plain vs traced forward, max relative difference of hidden: {plain_vs_traced(args.cases):.3g}")
+    for tied in (True, False):
+        print(f"plain vs traced forward ({'tied' if tied else 'untied'}), max relative difference of hidden: "
+              f"{plain_vs_traced(args.cases, tied):.3g}")
     lm, en = fused_vs_float64(args.cases)
     print(f"fused pass vs float64 pair differences: log-mass {lm:.3g}, energy {en:.3g} (relative)")
     for name, err in rho_steps(args.cases).items():

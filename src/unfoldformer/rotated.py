@@ -8,10 +8,12 @@ E_H(Y) = ½‖Ỹ‖² − ½‖ReLU(Ỹ W̃ + b)‖² — so the whole stack ru
 parameters and the same result:
 
 - X̃ = X Q once per forward (per distinct layer: once for tied layers);
-- the tied FFN folds the change of basis from layer ℓ to layer ℓ + 1 into its weights,
+- tied layers share one basis (Q_ℓ = Q_{ℓ+1}): the state stays in it and only the end maps it back
+  (Q_{L+1} = I), by the same product in the plain and the traced forward (bit-identical results);
+- untied: the plain forward folds the change of basis from layer ℓ to layer ℓ + 1 into the FFN's weights,
       Ỹ_{ℓ+1} = (1 − α) Ũ Q_ℓᵀ Q_{ℓ+1} + α ReLU(Ũ Q_ℓᵀ W1 + b) (Q_{ℓ+1}ᵀ W1)ᵀ,
-  which for α = 1 costs two d × m weight products per forward and nothing per token, and for tied
-  layers (Q_ℓ = Q_{ℓ+1}) nothing at all; the last layer writes original coordinates (Q_{L+1} = I);
+  which for α = 1 costs two d × m weight products per forward and nothing per token; the traced forward
+  needs the state in both bases and applies Q_ℓᵀ Q_{ℓ+1} after (round-off apart);
 - steps at α = 1 skip the arithmetic with α and 1 − α.
 
 Padding: padded rows are zeroed once at the start (finite, whatever they held) and restored from X
@@ -108,11 +110,11 @@ class RotatedStack:
         self.frames64 = [_frame(layer, torch.float64) for layer in model.layers] if self.exact else self.frames
         self.exp = get_rho(self.frames[0].layer.attention.rho).softmax
         self.X, self.valid = X, valid
+        self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
         self.anchors = [X0 if f.Q is None else X0 @ f.Q for f in self.frames]   # (B, n, d) X̃ per distinct layer
-        self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
 
     def frame(self, ell: int) -> _Frame:
         return self.frames[0 if self.tied else ell]
@@ -125,11 +127,18 @@ class RotatedStack:
 
     # ------------------------------------------------------------------ plain forward
     def run(self) -> Tensor:
-        """All layers, each FFN writing the next layer's basis (original coordinates after the last)."""
+        """All layers. Tied: each in the one basis, then into original coordinates — the operations of the traced
+        forward (`trial`, `advance`), so both return the same hidden states to the bit. Untied: each FFN writes
+        the next layer's basis through its folded output weights (`_exit`), which saves a d × d product per
+        layer and rounds differently from the traced forward's `advance` (same function to round-off)."""
         Y = self.anchors[0]
         for ell in range(self.depth):
-            U, _ = self._attend(self.frame(ell), Y, self.anchor(ell), self.valid, 1.0, None)
-            Y, _ = self._ffn(self.frame(ell), U, 1.0, *self._exit(ell))
+            f = self.frame(ell)
+            U, _ = self._attend(f, Y, self.anchor(ell), self.valid, 1.0, None)
+            if self.tied:
+                Y = self.advance(ell, self._ffn(f, U, 1.0, f.W, None)[0])
+            else:
+                Y, _ = self._ffn(f, U, 1.0, *self._exit(ell))
         return self.finish(Y)
 
     def finish(self, Y: Tensor) -> Tensor:
