@@ -25,7 +25,8 @@ from train_speed import _Table, make_batch
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer):
     def step(ids, mask, labels):
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(ids, mask), labels)
+        logits, _ = model(ids, mask)                                 # (B, classes)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
         loss.backward()
         opt.step()
     return step
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         results["graph_breaks"] = {"count": explained.graph_break_count,
                                    "reasons": [str(b.reason) for b in explained.break_reasons]}
         print(f"graph breaks (forward, eval): {explained.graph_break_count}")
-        for reason in results["graph_breaks"]["reasons"]:
+        for reason in dict.fromkeys(r.splitlines()[0] for r in results["graph_breaks"]["reasons"]):
             print(f"  - {reason}")
     for n in args.lengths:
         results[str(n)] = measure(n, args.rounds, args.kind, table)
