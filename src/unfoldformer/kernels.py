@@ -12,9 +12,12 @@ real keys only (`weighted_average`), so no mask pass over the n × n weights is 
 Cost and memory. Distances come from one matrix product per block, z = ½‖a_i‖² + ½‖a_j‖² − a_i·a_j, of
 augmented rows [−a_i, ½‖a_i‖², 1] and columns [a_j, 1, ½‖a_j‖²] (never the O(n²·k) pair differences);
 ρ' is applied in place (`Rho.derivative_inplace` for the built-in family); queries run in blocks of
-`chunk` rows, so the working set is
-O(B·H·chunk·n), never the n × n matrix of a head. The backward pass recomputes each block's
-weights from the saved inputs (O(n·k) memory) and uses ρ'' (`Rho.curvature`, else autograd of ρ').
+`chunk` rows, so the working set is O(T·B·H·chunk·n) for T threads, never the n × n matrix of a head.
+At T > 1 the blocks run on T single-threaded workers (`blockpool.run_blocks`: no parallel region per
+step, robust when cores are shared), each block writing only its own rows, so the result does not
+depend on T or on the scheduling. The backward pass recomputes each block's
+weights from the saved inputs (O(n·k) memory) and uses ρ'' (`Rho.curvature`, else autograd of ρ');
+K and z are symmetric, so it too writes only the block's rows (no accumulation across blocks).
 A constant kernel (ρ = z) needs no pairs at all: S_i = ρ'(0) Σ_j v_j.
 
 Precision: sums run in the inputs' dtype, as the softmax path does; energies (which the certified
