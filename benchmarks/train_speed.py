@@ -22,6 +22,9 @@ last 20 % of every sequence padding (exercising the padding masks).
     python benchmarks/train_speed.py [--rounds 7] [--lengths 64 256] [--threads 1] [--json FILE]
     python benchmarks/train_speed.py --rho log lp truncated linear --json FILE
 
+The joint certified models (`certified-joint`, `certified-joint-untied`: THEORY §3.7, one MM step per
+layer) also print their speed relative to the alternating certified model of the same size.
+
 `--rho` adds the certified models with each named attention penalty ρ (variants `certified-tied:log`,
 …), stepping in the same rounds, and prints their speed relative to the same model with ρ = exp.
 """
@@ -49,13 +52,19 @@ NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (u
          "certified-tied-fixed-basis": "certified (tied), learn_basis=False",
          "certified-untied-cayley": "certified (untied), Cayley map",
          "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)",
-         "energy-transformer-explicit": "Energy Transformer (peer), explicit n × n step (0.2.0)"}
+         "energy-transformer-explicit": "Energy Transformer (peer), explicit n × n step (0.2.0)",
+         "certified-joint": "certified-joint (tied, one MM step per layer)",
+         "certified-joint-untied": "certified-joint (untied)"}
 #: variant -> (kind, model overrides)
 VARIANTS = {**{kind: (kind, {}) for kind in KINDS},
             "certified-tied-fixed-basis": ("certified-tied", {"learn_basis": False}),
             "certified-untied-cayley": ("certified-untied", {"basis_map": "cayley"}),
             "energy-transformer-explicit": ("energy-transformer", {})}
-TARGETS = {"certified-tied": {64: 1.2, 256: 1.1}, "certified-untied": {64: 1.05, 256: 1.05}}
+TARGETS = {"certified-tied": {64: 1.2, 256: 1.1}, "certified-untied": {64: 1.05, 256: 1.05},
+           "certified-joint": {64: 1.2, 256: 1.1}}
+
+#: joint variant -> the alternating certified model of the same size it is compared with
+JOINT_PEERS = {"certified-joint": "certified-tied", "certified-joint-untied": "certified-untied"}
 
 
 class _Table:
@@ -159,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             kind = v.partition(":")[0]
             if ":" in v and kind in med[n]["thread"]:                  # and relative to the same model with exp
                 cells[-1] += f" ({med[n]['thread'][kind] / cpu:.2f}× exp)"
+            alternating = JOINT_PEERS.get(v)
+            if alternating in med[n]["thread"]:                      # and relative to the alternating layer
+                cells[-1] += f" ({med[n]['thread'][alternating] / cpu:.2f}× alternating)"
         lines.append(f"| {variant_name(v)} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     print(f"\nB = {args.batch_size}, 20 % padding, a fresh batch per round, {args.threads} thread(s), flush-denormal "

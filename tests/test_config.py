@@ -8,7 +8,8 @@ from unfoldformer import PRESETS, ConfigError, ModelConfig
 
 
 def test_presets_resolve_to_complete_configs():
-    assert set(PRESETS) == {"certified", "paper", "paper-as-released", "standard", "energy-transformer", "crate"}
+    assert set(PRESETS) == {"certified", "certified-joint", "paper", "paper-as-released", "standard",
+                            "energy-transformer", "crate"}
     for name in PRESETS:
         cfg = ModelConfig.preset(name)
         assert cfg.preset_name == name and cfg.resolved() == cfg               # resolving is idempotent
@@ -47,6 +48,13 @@ def test_presets_resolve_to_complete_configs():
     ("paper-as-released", dict(basis_map="exp"), "basis_map does not apply"),
     ("standard", dict(basis_map="cayley"), "basis_map does not apply"),
     ("certified", dict(basis_map="householder"), "basis_map must be one of exp, cayley"),
+    ("certified", dict(layer="parallel"), "layer must be one of alternating, joint"),
+    ("certified", dict(attention_norm="sqrt"), "attention_norm must be one of none, length"),
+    ("certified", dict(ffn_weight=1.0), "ffn_weight does not apply"),             # alternating layer
+    ("certified-joint", dict(alpha_ffn=0.5), "alpha_ffn does not apply"),         # one step, one α
+    ("certified-joint", dict(ffn_weight=-0.1), "ffn_weight must be a finite number >= 0"),
+    ("paper", dict(layer="joint"), "layer does not apply"),
+    ("paper", dict(attention_norm="length"), "attention_norm does not apply"),
 ])
 def test_invalid_configs_are_refused_naming_the_field(preset, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -73,6 +81,18 @@ def test_certified_presets_refuse_uncertified_step_sizes():
     assert ModelConfig.preset("certified", certified=False, alpha_attention=1.5).alpha_attention == 1.5
     with pytest.raises(ConfigError, match="not certified"):
         ModelConfig.preset("paper-as-released", certified=True)
+    with pytest.raises(ConfigError, match=r"\(0, 1\].*joint layer \(THEORY §3.7\)"):
+        ModelConfig.preset("certified-joint", alpha_attention=1.2)
+
+
+def test_layer_kinds_and_attention_norm_resolve():
+    joint = ModelConfig.preset("certified-joint")
+    assert (joint.layer, joint.ffn_weight, joint.attention_norm, joint.alpha_ffn) == ("joint", 1.0, "length", None)
+    alternating = ModelConfig.preset("certified", attention_norm="length")
+    assert (alternating.layer, alternating.ffn_weight, alternating.attention_norm) == ("alternating", None, "length")
+    assert ModelConfig.preset("certified", layer="joint", ffn_weight=0).ffn_weight == 0.0   # γ = 0: anchored alone
+    assert ModelConfig.preset("certified-joint", layer="alternating").alpha_ffn == 1.0
+    assert ModelConfig.preset("certified").layer == "alternating"                  # not the default
 
 
 def test_switching_the_attention_drops_the_presets_unused_fields_but_not_the_users():

@@ -226,6 +226,15 @@ TRAIN_CASES = [
     (["--data.eval_split", "test"], r"data.eval_split='test' is not a labelled split of sst2"),
     (["--run.device", "tpu"], r"run.device must be auto, cpu or cuda"),
     (["--data.data_dir", "/nonexistent/typo"], r"data folder '/nonexistent/typo' does not exist"),
+    (["--optim.seed", "-1"], r"optim.seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
+    (["--data.embedding_seed", "-3"], r"data.embedding_seed must be an integer in \[0, 2\*\*32 - 1\], got -3"),
+    (["--optim.epochs", "2000000"], r"optim.epochs=2000000 is beyond 1,000,000 \(a typo\?\); set run.allow_large"),
+    (["--optim.epochs", "100000000000000000000000"], r"optim.epochs=100000000000000000000000 is beyond 1,000,000"),
+    (["--optim.epochs", "1e23"], r"optim.epochs: Value '1e\+23' of type 'float' could not be converted to Integer"),
+    (["--optim.warmup", "1e7"], r"optim.warmup=10000000.0 is beyond 1,000,000"),
+    (["--run.checkpoint_every", "9999999"], r"run.checkpoint_every=9999999 is beyond 1,000,000"),
+    (["--data.data_dir", ""], r"--data.data_dir is empty; give a path"),
+    (["--data.eval_split="], r"setting --data.eval_split has an empty value"),
 ]
 if not torch.cuda.is_available():
     TRAIN_CASES.append((["--run.device", "cuda"], r"run.device='cuda', but this torch build sees no CUDA device"))
@@ -235,6 +244,12 @@ if not torch.cuda.is_available():
 def test_train_bad_input(sst2_dir, tmp_path, capsys, args, message):
     out = tmp_path / "run"
     _fails(capsys, ["train", *SMALL, "--data.data_dir", sst2_dir, "--run.out_dir", out, *args], message, out)
+
+
+def test_train_empty_output_folder_is_refused(sst2_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _fails(capsys, ["train", *SMALL, "--data.data_dir", sst2_dir, "--run.out_dir", ""], r"--run.out_dir is empty")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_train_unusable_output_locations(sst2_dir, tmp_path, capsys):

@@ -75,6 +75,20 @@ def test_predict_command_prints_labels_probabilities_and_curves(run_dir, tmp_pat
     assert line.split()[0] in ("negative", "positive") and "E/n:" in line and "great fun" in line
 
 
+def test_predict_gives_a_joint_models_curve_that_never_rises(sst2_dir, tmp_path, capsys):
+    """A trained certified-joint model (THEORY §3.7): `predict` prints its curve, which never rises without the
+    safeguard, and agrees with the model's own forward."""
+    out = tmp_path / "joint"
+    cfg = TrainConfig().with_overrides([*TINY_TRAIN, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out),
+                                        "--model.kind", "certified-joint", "--model.ffn_hidden", "32"])
+    train(cfg)
+    texts = ["a good film , great", "bad and dull", "an utterly , utterly boring plot"]
+    preds = uf.load(out)(texts)
+    assert all(p.never_rises and len(p.energies) == cfg.model.encoder_config().depth + 1 for p in preds)
+    assert main(["predict", str(out), "--text", texts[0], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["energies"] == preds[0].energies
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "no texts"),
     (["--file", "/nonexistent/texts.txt"], "cannot read it"),
@@ -95,12 +109,12 @@ def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_pa
     """Files written by the code of version 0.1.0 (tests/fixtures/v0.1.0, with the logits it computed
     on fixed ids): the weights load into today's model and give the same logits."""
     with pytest.warns(UnverifiedFileWarning, match="without checksums"):   # 0.1.0 wrote none
-        state, cfg, info = load_weights(OLD / kind / "best.safetensors")
+        state, cfg, info = load_weights(OLD / kind / "best.safetensors", trust_unverified=True)
     assert info["integrity"].startswith("unverified")
     cfg = cfg.replace(data__data_dir=str(tmp_path / "data"))
     shutil.copytree(OLD / "data", tmp_path / "data")
     with pytest.warns(UnverifiedFileWarning):
-        loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data")
+        loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data", trust_unverified=True)
     assert loaded.info["integrity"].startswith("unverified")
     expected = json.loads((OLD / kind / "expected_logits.json").read_text())
     ids = torch.tensor(expected["ids"])
@@ -114,7 +128,7 @@ def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_pa
 
 def test_checkpoint_written_by_version_0_1_0_still_reads():
     with pytest.warns(UnverifiedFileWarning, match="checkpoint.pt: written by version 0.1.0 without checksums"):
-        state = load_train_state(OLD / "certified-tied" / "checkpoint.pt")
+        state = load_train_state(OLD / "certified-tied" / "checkpoint.pt", trust_unverified=True)
     assert state["integrity"].startswith("unverified")
     cfg = TrainConfig.from_dict(state["config"])
     assert cfg.model.kind == "certified-tied" and state["progress"]["finished"] is True

@@ -93,13 +93,15 @@ def test_paper_attention_never_raises_energy(tiny):
         assert fig56.curve_summary(c, tol)["share_attention_steps_lowering"] == 1.0
 
 
-def test_certified_model_with_safeguard_never_rises(tiny):
-    """The certified model's curves are drawn with the safeguard, which makes descent hold by construction."""
-    result, _, _ = tiny
+def test_certified_model_never_rises_without_the_safeguard(tiny):
+    """The certified model is the joint layer (THEORY §3.7): trained, its curves never rise with the safeguard
+    off, every step at full size."""
+    result, _, trained = tiny
     c = result.curves["certified/trained"]
     s = fig56.curve_summary(c, result.tolerance)
-    assert c.safeguard and s["share_monotone"] == 1.0 and s["rising_layer_steps"] == 0
-    assert np.all((c.step_scales >= 0) & (c.step_scales <= 1))
+    assert next(v for v in trained if v.spec.key == "certified/trained").spec.kind == "certified-joint"
+    assert not c.safeguard and s["share_monotone"] == 1.0 and s["rising_layer_steps"] == 0
+    assert np.all(c.step_scales == 1)
 
 
 def test_sample_accuracy_is_the_classifiers_own(tiny):
@@ -388,11 +390,15 @@ def test_quick_reproduction_end_to_end(tmp_path, data_dir):
     assert results["data_files"] == records                   # path, size and sha256 of what was read
     assert all(f"{r['bytes']:,}" in report and r["sha256"] in report for r in records)
     assert len(verdict_rows(results)) == 3 + 2 * 8
+    certified_rows = [r for r in verdict_rows(results) if "certified-joint model, no safeguard" in r[0]]
+    assert len(certified_rows) == 2 and all(r[1].startswith("yes") for r in certified_rows), certified_rows
     for name in ("imdb", "sst2"):
         curves = results["energy_curves"][name]["curves"]
         assert len(curves) == 8
         for c in curves.values():
             assert all(math.isfinite(e) for e in c["mean_energy"] + c["median_energy"])
+        certified = curves["certified/trained"]                  # the joint layer: no safeguard, never rises
+        assert certified["safeguard"] is False and certified["share_monotone"] == 1.0
         for key, run in results["energy_curves"][name]["runs"].items():
             assert (out / run / "last.safetensors").is_file(), key
             recorded = json.loads((out / run / "config.json").read_text())["run"]["out_dir"]

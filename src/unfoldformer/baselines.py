@@ -38,4 +38,6 @@ class StandardTransformer(PretrainedMixin, nn.Module):
             raise ConfigError("the standard Transformer has no energy: return_energies and safeguard do not apply")
         check_states(x, padding_mask)
         check_dtype(x, self)
+        if x.shape[0] == 0:                                        # an empty batch: an empty output
+            return EncoderOutput(hidden=x.clone())
         return EncoderOutput(hidden=self.encoder(x, src_key_padding_mask=padding_mask))

@@ -10,14 +10,19 @@ certified configs also refuse step sizes outside the range their theorem certifi
 | preset              | attention (THEORY)        | FFN                    | notes                              |
 |---------------------|---------------------------|------------------------|------------------------------------|
 | `certified`         | anchored, learned basis §3.3 | tied W2 = W1ᵀ (F2) §3.4 | multi-head, descent certified      |
+| `certified-joint`   | anchored + tied FFN in one MM step §3.7 | (joint)     | whole-layer descent certified      |
 | `paper`             | metric AᵀA, one head §3.1 | symmetric W_F (F1) §3.4 | the paper's model, theory-consistent |
 | `paper-as-released` | released formulas §7.1    | released               | defects included, not certified    |
 | `standard`          | pre-LN softmax attention  | GELU MLP               | the `nn.TransformerEncoder` baseline |
 | `energy-transformer`| ET attention energy §8    | Hopfield energy §8     | peer: one block, T = depth gradient steps |
 | `crate`             | MSSA (coding rate) §8     | ISTA step §8           | peer: CRATE, depth L untied layers  |
 
-Whole-layer descent is a run-time option, not part of the architecture: pass
-`safeguard=True` to the model's forward (backtracking on the step size, THEORY §3.5).
+Whole-layer descent is a run-time option for the alternating layer: pass `safeguard=True` to the
+model's forward (backtracking on the step size, THEORY §3.5). The joint layer (`layer="joint"`,
+THEORY §3.7: one MM step on λE_A + ½‖Y − X‖² + γE_H, γ = `ffn_weight`, α = `alpha_attention`)
+lowers its whole-layer energy by construction, so it never needs the safeguard.
+`attention_norm="length"` weights the attention term by 1/n (n = the sample's real tokens:
+ν_h = λ s_h²/n), for either layer kind; every guarantee holds unchanged.
 """
 from __future__ import annotations
 
@@ -26,21 +31,25 @@ import math
 import typing
 from dataclasses import dataclass
 
+from .contracts import check_positive, check_step
 from .errors import ConfigError
 from .rho import RHO_FAMILY, get_rho
 
-__all__ = ["ATTENTION_KINDS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_KINDS", "ModelConfig", "PEER_ATTENTIONS",
-           "PRESETS", "check_certified_steps", "check_positive", "upgrade_peer_fields"]
+__all__ = ["ATTENTION_KINDS", "ATTENTION_NORMS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_KINDS", "LAYER_KINDS",
+           "ModelConfig", "PEER_ATTENTIONS", "PRESETS", "upgrade_peer_fields"]
 
 ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transformer", "crate")
 BASIS_MAPS = ("exp", "cayley")
 FFN_KINDS = ("tied", "symmetric", "released", "none", "standard", "hopfield", "ista")
+LAYER_KINDS = ("alternating", "joint")      # anchored attention with the tied FFN: two sub-steps, or one (§3.7)
+ATTENTION_NORMS = ("none", "length")        # anchored attention: E_A weighted by 1, or by 1/n (§3.7)
 
 # Fields each attention / FFN kind uses, beyond the ones every encoder has.
 _COMMON = ("d_model", "n_heads", "depth")
 _UNFOLDED = ("tied", "certified")
 _ATTENTION_FIELDS = {
-    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
+    "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis", "basis_map", "attention_norm")
+    + _UNFOLDED,
     "metric": ("rho", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
     "released": _UNFOLDED,
     "standard": ("dropout",),
@@ -61,7 +70,8 @@ _FFN_FIELDS = {
 DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_weight=1.0, alpha_attention=1.0,
                 learn_basis=True, basis_map="exp", ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
-                ista_lambda=0.1, self_pair=True, readout="pool-norm")
+                ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
+                ffn_weight=1.0, attention_norm="none")
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -75,6 +85,11 @@ PRESETS: dict[str, dict] = {
     "certified": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied", rho="exp",
                       ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, alpha_ffn=1.0, learn_basis=True,
                       certified=True),
+    # The joint MM layer (THEORY §3.7): anchored attention and the tied FFN in one step from one state,
+    # γ = λ (the alternating layer's energy), attention weighted by 1/n (the prototype's better IMDB fit).
+    "certified-joint": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
+                            rho="exp", ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, learn_basis=True,
+                            layer="joint", ffn_weight=1.0, attention_norm="length", certified=True),
     # The paper's model made theory-consistent: one PSD metric AᵀA for energy and attention,
     # key-norm bias, value = identity, one head, F1 with spectrum clipped to ±0.95, α = η = 1.
     "paper": dict(d_model=300, n_heads=1, depth=12, tied=True, attention="metric", ffn="symmetric", rho="exp",
@@ -129,6 +144,9 @@ class ModelConfig:
     ista_lambda: float | None = None      # CRATE only: ISTA sparsity weight λ (threshold ηλ)
     self_pair: bool | None = None         # Energy Transformer only: keep the key B = C in log Σ_B (published code)
     readout: str | None = None            # CRATE only: pool-norm (published) | norm-pool (LayerNorm, then pool)
+    layer: str | None = None              # anchored + tied FFN: alternating (two sub-steps) | joint (one, §3.7)
+    ffn_weight: float | None = None       # joint layer only: γ ≥ 0, E = λE_A + ½‖Y − X‖² + γE_H
+    attention_norm: str | None = None     # anchored: none | length (E_A weighted by 1/n, n = real tokens)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -154,13 +172,15 @@ class ModelConfig:
             raise ConfigError(f"unknown attention {attention!r}; valid: {', '.join(ATTENTION_KINDS)}")
         if ffn not in FFN_KINDS:
             raise ConfigError(f"unknown ffn {ffn!r}; valid: {', '.join(FFN_KINDS)}")
-        used = set(_COMMON) | set(_ATTENTION_FIELDS[attention]) | set(_FFN_FIELDS[ffn])
+        layer = self.layer or base.get("layer", DEFAULTS["layer"])
+        used = _used_fields(attention, ffn, layer)
+        kind = f" in a {layer} layer" if "layer" in used else ""
         values = {"preset_name": self.preset_name, "attention": attention, "ffn": ffn}
         for f in _architecture_fields():
             mine = getattr(self, f)
             if f not in used:
                 if mine is not None:
-                    raise ConfigError(f"{f} does not apply to attention {attention!r} with ffn {ffn!r} "
+                    raise ConfigError(f"{f} does not apply to attention {attention!r} with ffn {ffn!r}{kind} "
                                       f"(preset {self.preset_name!r}); this model uses: {', '.join(sorted(used))}")
                 continue
             values[f] = mine if mine is not None else base.get(f, DEFAULTS[f])
@@ -186,8 +206,8 @@ class ModelConfig:
         if "safeguard" in data:                                   # version 0.1.0
             data.pop("safeguard"), data.pop("safeguard_halvings", None)
             base = PRESETS.get(data.get("preset_name") or "certified", PRESETS["certified"])
-            used = (set(_COMMON) | set(_ATTENTION_FIELDS.get(data.get("attention") or base["attention"], ()))
-                    | set(_FFN_FIELDS.get(data.get("ffn") or base["ffn"], ())))
+            used = _used_fields(data.get("attention") or base["attention"], data.get("ffn") or base["ffn"],
+                                "alternating")
             data = {k: v for k, v in data.items() if k in used or k not in _architecture_fields()}
             data["preset_name"] = data.get("preset_name") or "certified"
         data = upgrade_peer_fields(data)
@@ -218,7 +238,8 @@ class ModelConfig:
         if self.rho is not None and self.rho not in RHO_FAMILY:
             raise ConfigError(f"unknown rho {self.rho!r}; valid: {', '.join(RHO_FAMILY)}")
         for name in ("anchor_weight", "alpha_attention", "alpha_ffn", "energy_step", "ista_step"):
-            check_positive(name, getattr(self, name))
+            if getattr(self, name) is not None:
+                check_positive(name, getattr(self, name))
         if self.spectrum_bound is not None and not 0 < self.spectrum_bound < 1:
             raise ConfigError(f"spectrum_bound must lie in (0, 1) for a bounded-below F1 energy, "
                               f"got {self.spectrum_bound}")
@@ -226,6 +247,13 @@ class ModelConfig:
             raise ConfigError(f"basis_map must be one of {', '.join(BASIS_MAPS)}, got {self.basis_map!r}")
         if self.spectrum_method is not None and self.spectrum_method not in ("clip", "scale"):
             raise ConfigError(f"spectrum_method must be clip or scale, got {self.spectrum_method!r}")
+        if self.layer is not None and self.layer not in LAYER_KINDS:
+            raise ConfigError(f"layer must be one of {', '.join(LAYER_KINDS)}, got {self.layer!r}")
+        if self.attention_norm is not None and self.attention_norm not in ATTENTION_NORMS:
+            raise ConfigError(f"attention_norm must be one of {', '.join(ATTENTION_NORMS)}, "
+                              f"got {self.attention_norm!r}")
+        if self.ffn_weight is not None and not self.ffn_weight >= 0:
+            raise ConfigError(f"ffn_weight must be a finite number >= 0, got {self.ffn_weight}")
         if self.ista_lambda is not None and not self.ista_lambda >= 0:
             raise ConfigError(f"ista_lambda must be a finite number >= 0, got {self.ista_lambda}")
         if self.readout is not None and self.readout not in CRATE_READOUTS:
@@ -247,35 +275,12 @@ class ModelConfig:
             self._check_certified()
 
     def _check_certified(self) -> None:
-        check_certified_steps(self.attention, self.ffn, self.rho, self.alpha_attention, self.alpha_ffn)
-
-
-def check_positive(name: str, value: float | None) -> None:
-    """ConfigError unless `value` (None: unset) is a finite number > 0; the config's and the layers' check."""
-    if value is not None and not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value}")
-
-
-def check_certified_steps(attention: str | None, ffn: str | None, rho: str | None, alpha_attention: float | None,
-                          alpha_ffn: float | None) -> None:
-    """ConfigError for a step size outside the range its theorem certifies (THEORY §3); `attention` or `ffn`
-    None skips that part. Used by the config (`certified=True`) and by the layer modules themselves."""
-    a, f = alpha_attention, alpha_ffn
-    if attention == "anchored" and not 0 < a <= 1:
-        raise ConfigError(f"alpha_attention={a} is outside the certified range (0, 1] of anchored "
-                          "attention (THEORY §3.3)")
-    if attention == "metric":
-        rho_ = get_rho(rho)
-        if not (0 < a <= 1 or (rho_.psd_kernel and 0 < a < 2)):
-            rng = "(0, 2) for a PSD kernel" if rho_.psd_kernel else "(0, 1]"
-            raise ConfigError(f"alpha_attention={a} is outside the certified range {rng} of Theorem A "
-                              f"(rho={rho_.name}, THEORY §3.1)")
-    if ffn == "tied" and not 0 < f < 2:
-        raise ConfigError(f"alpha_ffn={f} is outside the certified range (0, 2) of the tied FFN "
-                          "(THEORY §3.4, F2)")
-    if ffn == "symmetric" and not 0 < f <= 1:
-        raise ConfigError(f"alpha_ffn (η)={f} is outside the certified range (0, 1] of the symmetric FFN "
-                          "with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)")
+        """Step sizes inside their certified ranges: the checker (and message) the step functions use."""
+        if self.attention in ("anchored", "metric"):
+            kind = "joint" if self.layer == "joint" else self.attention
+            check_step("alpha_attention", self.alpha_attention, kind, get_rho(self.rho))
+        if self.ffn in ("tied", "symmetric") and self.alpha_ffn is not None:    # a joint layer has one α
+            check_step("alpha_ffn", self.alpha_ffn, self.ffn)
 
 
 def upgrade_peer_fields(data: dict, attention: str | None = None) -> dict:
@@ -288,6 +293,16 @@ def upgrade_peer_fields(data: dict, attention: str | None = None) -> dict:
         return data
     name, legacy = _LEGACY_PEER_FIELDS[attention]
     return data if name in data else {**data, name: legacy}
+
+
+def _used_fields(attention: str, ffn: str, layer: str) -> set[str]:
+    """Fields a model of these attention and FFN kinds uses (`layer`: the layer kind it resolves to)."""
+    used = set(_COMMON) | set(_ATTENTION_FIELDS.get(attention, ())) | set(_FFN_FIELDS.get(ffn, ()))
+    if attention == "anchored" and ffn == "tied":
+        used.add("layer")
+        if layer == "joint":          # one step of size alpha_attention; γ weights the FFN term
+            used = (used - {"alpha_ffn"}) | {"ffn_weight"}
+    return used
 
 
 def _architecture_fields() -> tuple[str, ...]:

@@ -51,6 +51,8 @@ def check_states(Y: Tensor, padding_mask: Tensor | None = None, *, name: str = "
         raise ValueError(f"{name} must have shape (B, n, d); got rank {Y.dim()} shape {tuple(Y.shape)}")
     if not Y.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor, got dtype {Y.dtype}")
+    if Y.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (a shape without values); build it on cpu or cuda")
     B, n, d = Y.shape
     if n == 0 or d == 0:
         raise ValueError(f"{name} has an empty dimension: shape {tuple(Y.shape)} (need n >= 1 and d >= 1)")

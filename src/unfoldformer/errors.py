@@ -7,7 +7,7 @@ also derive from the built-in error a caller would expect (`ValueError`, `FileNo
 """
 from __future__ import annotations
 
-__all__ = ["ConfigError", "OutputError", "UnfoldformerError", "UnverifiedFileWarning"]
+__all__ = ["ConfigError", "IntegrityError", "OutputError", "UnfoldformerError", "UnverifiedFileWarning"]
 
 
 class UnfoldformerError(Exception):
@@ -22,5 +22,10 @@ class OutputError(UnfoldformerError, OSError):
     """An output location that cannot be written, is in use by another run, or holds files that are not ours."""
 
 
+class IntegrityError(UnfoldformerError, RuntimeError):
+    """A file that differs from what its run wrote (the folder's manifest `complete.json` says so), or a file
+    without checksums that nothing vouches for."""
+
+
 class UnverifiedFileWarning(UserWarning):
-    """A file read without an integrity check (written before files carried checksums, version 0.1.0)."""
+    """A file read without an integrity check, because the caller said to trust it (`trust_unverified`)."""

@@ -228,7 +228,11 @@ def _pretrained_config(folder: Path) -> dict | None:
 
 def classifier_source(source: str | os.PathLike) -> Path:
     """What `uf.load` reads for `source`: a weights file or run folder as is; a pretrained folder, a zoo
-    model's name or a Hub repo id -> its checked weights file."""
+    model's name or a Hub repo id -> its checked weights file. An empty `source` is refused (Path('') would
+    mean the working directory)."""
+    from .contracts import check_path_given
+
+    check_path_given("the run folder or weights file", source)
     path = Path(source).expanduser()
     if not path.exists():
         from .zoo import zoo_folder

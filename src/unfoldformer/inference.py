@@ -10,8 +10,11 @@
 
 The embedding table and tokenizer are rebuilt from the saved config and checked against the
 sha256 stored with the weights, so a prediction uses exactly the trained function. The weights'
-checksums are verified on load (`Predictor.integrity`: "verified", or "unverified …" for files
-of version 0.1.0, which carry none and are announced by an `UnverifiedFileWarning`).
+checksums are verified on load (`Predictor.integrity`: "verified", "verified by the run folder's
+manifest" for a file without checksums that its folder's `complete.json` vouches for, or
+"unverified …" when the caller passed `trust_unverified=True`; such a file is otherwise refused).
+A prediction whose probabilities or energies are not finite is refused (`NonFiniteResultError`,
+naming the text and the quantity), never returned.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .contracts import NonFiniteResultError, first_non_finite
 from .descent import descent_tolerance, lowered
 from .model import UnfoldedTransformer
 
@@ -51,6 +55,12 @@ class Predictor:
 
     def __init__(self, model, embeddings, max_length: int | None, config=None, path: Path | None = None,
                  integrity: str | None = None, label_names: Sequence[str] | None = None):
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "encoder"):
+            raise TypeError(f"Predictor needs a trained SequenceClassifier (use unfoldformer.load(RUN)), got "
+                            f"{type(model).__name__}")
+        if not (hasattr(embeddings, "encode") and hasattr(embeddings, "pad_id")):
+            raise TypeError(f"Predictor needs the classifier's embeddings (with encode and pad_id), got "
+                            f"{type(embeddings).__name__}")
         self.model, self.embeddings, self.max_length = model.eval(), embeddings, max_length
         self.config, self.path, self.integrity = config, path, integrity
         n = model.head.out_features
@@ -81,7 +91,7 @@ class Predictor:
         out: list[Prediction] = []
         for start in range(0, len(texts), batch_size):
             out += self._batch(list(texts[start:start + batch_size]), energies and self.unfolded,
-                               safeguard and self.unfolded)
+                               safeguard and self.unfolded, start)
         return out
 
     __call__ = predict
@@ -96,7 +106,7 @@ class Predictor:
         """`load(source, **kwargs)`: a pretrained folder, zoo model name or Hub repo id (or a run)."""
         return load(source, **kwargs)
 
-    def _batch(self, texts: list[str], energies: bool, safeguard: bool) -> list[Prediction]:
+    def _batch(self, texts: list[str], energies: bool, safeguard: bool, start: int = 0) -> list[Prediction]:
         enc = self.embeddings.encode(texts, self.max_length)
         ids, mask = enc.ids.to(self.device), enc.padding_mask.to(self.device)
         if ids.shape[1] == 0:                                      # every text empty: one pad token each
@@ -104,6 +114,7 @@ class Predictor:
         mask[:, 0] &= (~mask).any(1)                               # an empty text reads one pad token, as in training
         logits, result = self.model(ids, mask, return_energies=energies, safeguard=safeguard)
         probs = torch.softmax(logits.double(), dim=-1).cpu()       # (B, C)
+        _refuse_non_finite(texts, start, probs, result.energies)
         per_token = result.energies_per_token(mask) if result.energies is not None else None   # (B, T + 1)
         preds = []
         for i, text in enumerate(texts):
@@ -119,18 +130,31 @@ class Predictor:
         return preds
 
 
+def _refuse_non_finite(texts: list[str], start: int, probs: torch.Tensor, energies: torch.Tensor | None) -> None:
+    """NonFiniteResultError naming the first text whose probabilities or energies are NaN or infinite."""
+    for name, values in (("class probabilities", probs), ("energy curve", energies)):
+        if values is None or bool(torch.isfinite(values).all()):
+            continue
+        i = int((~torch.isfinite(values)).flatten(1).any(1).nonzero()[0])
+        where, value = first_non_finite(values[i])
+        raise NonFiniteResultError(f"text {start + i} ({texts[i][:40]!r}): its {name} has {value} at {where}; a "
+                                   "non-finite prediction is not reported (are the weights damaged?)")
+
+
 def _label_name(label: int, n_classes: int) -> str:
     return LABEL_NAMES[label] if n_classes == len(LABEL_NAMES) else str(label)
 
 
 def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: int | None = -1,
-         device: str = "cpu") -> Predictor:
+         device: str = "cpu", trust_unverified: bool = False) -> Predictor:
     """A `Predictor` for a run folder (its best weights), a `.safetensors` file, a `checkpoint.pt`, a
     pretrained folder (`Predictor.save_pretrained`), a zoo model's name or a Hub repo id ("owner/name").
 
     `max_length`: truncation of the inputs (default -1: the training length; None: full length).
     `data_dir`: data folder for vocabularies built from the data (random / GloVe embeddings).
     `device`: auto, cpu, cuda (cuda:N) or mps, checked before anything is read.
+    `trust_unverified`: read a weights file that carries no checksums although no run-folder manifest
+    vouches for it (refused otherwise: it could have been changed without trace).
     Predictions name their class by the training data's labels (`Prediction.label_name`)."""
     from .runs import check_at_least, check_device, resolve_device
     from .train.checkpoint import load_classifier
@@ -139,7 +163,8 @@ def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: in
     if max_length != -1:
         check_at_least("max_length", max_length, optional=True)
     from .hub import classifier_source
-    loaded = load_classifier(classifier_source(path), data_dir=None if data_dir is None else str(data_dir))
+    loaded = load_classifier(classifier_source(path), data_dir=None if data_dir is None else str(data_dir),
+                             trust_unverified=trust_unverified)
     length = loaded.config.data.max_length if max_length == -1 else max_length
     predictor = Predictor(loaded.model.to(resolve_device(device)), loaded.embeddings, length, loaded.config,
                           loaded.path, loaded.info.get("integrity"), loaded.label_names)

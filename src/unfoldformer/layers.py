@@ -21,7 +21,7 @@ same parameters and results; these modules stay the reference for them.
 
 `padding_mask` is a bool (B, n) tensor in which **True marks padding**. `scale` (a float in
 [0, 1]) multiplies the step size; the safeguard uses it. Step sizes and λ are checked on
-construction with the config's messages (`config.check_positive`, `config.check_certified_steps`):
+construction with the config's messages (`contracts.check_positive`, `contracts.check_step`):
 with `certified=True` (the default) a step outside its certified range is refused, so a stack
 built from these modules by hand keeps its certificate or says why not. For a layer with
 defaults and `nn.TransformerEncoderLayer` conventions, use `unfoldformer.CertifiedEncoderLayer`.
@@ -37,7 +37,8 @@ from torch.nn.utils import parametrize
 
 from . import energy as E
 from .bases import orthogonal_basis
-from .config import check_certified_steps, check_positive
+from .contracts import check_positive, check_step
+from .rho import get_rho
 from .steps import anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step, tied_ffn_step
 
 
@@ -48,17 +49,27 @@ def _head_subspaces(basis: nn.Module | None, H: int, d: int) -> Tensor | None:
     return basis.weight.reshape(d, H, d // H).permute(1, 0, 2)   # (H, d, dh)
 
 
+def length_weight(valid: Tensor) -> Tensor:
+    """1/n per sample, n = its real tokens (at least 1): (B, n) bool -> (B,) float64 (THEORY §3.7)."""
+    return 1.0 / valid.sum(1).clamp_min(1).to(torch.float64)
+
+
+def _valid(Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+    return torch.ones(Y.shape[:2], dtype=torch.bool, device=Y.device) if padding_mask is None else ~padding_mask
+
+
 class AnchoredAttention(nn.Module):
-    """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3)."""
+    """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3).
+
+    `length_norm`: the attention term weighted by 1/n (n = the sample's real tokens), i.e. λ/n per sample."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
-                 basis_map: str = "exp", *, certified: bool = True):
+                 basis_map: str = "exp", length_norm: bool = False, *, certified: bool = True):
         super().__init__()
         check_positive("anchor_weight", lam)
-        check_positive("alpha_attention", alpha)
-        if certified:
-            check_certified_steps("anchored", None, rho, alpha, None)
+        check_step("alpha_attention", alpha, "anchored", certified=certified)
         self.d, self.H, self.rho, self.lam, self.alpha = d, n_heads, rho, lam, alpha
+        self.length_norm = length_norm
         dh = d // n_heads
         self.log_scale = nn.Parameter(torch.full((n_heads,), -0.25 * math.log(dh)))  # s_h = dh^{-1/4}
         self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
@@ -73,13 +84,19 @@ class AnchoredAttention(nn.Module):
     def factors(self) -> Tensor:
         return isotropic_factors(self.log_scale.exp(), self.d, self.subspaces())  # (H, dh, d)
 
+    def sample_lam(self, valid: Tensor) -> float | Tensor:
+        """λ, or λ/n per sample (B,) with length normalisation."""
+        return self.lam * length_weight(valid) if self.length_norm else self.lam
+
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return anchored_attention_step(Y, X, self.log_scale.exp(), self.lam, self.rho,
-                                       self.alpha * scale, padding_mask, self.subspaces())
+        return anchored_attention_step(Y, X, self.log_scale.exp(), self.sample_lam(_valid(Y, padding_mask)),
+                                       self.rho, self.alpha * scale, padding_mask, self.subspaces(), certified=False)
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
-        return (E.attention_energy(Y, self.factors(), self.rho, padding_mask)
-                + E.anchor_energy(Y, X, padding_mask) / self.lam)
+        e_attention = E.attention_energy(Y, self.factors(), self.rho, padding_mask)     # (B,) float64
+        if self.length_norm:
+            e_attention = e_attention * length_weight(_valid(Y, padding_mask))
+        return e_attention + E.anchor_energy(Y, X, padding_mask) / self.lam
 
 
 class MetricAttention(nn.Module):
@@ -91,9 +108,7 @@ class MetricAttention(nn.Module):
     def __init__(self, d: int, n_heads: int, rho: str, alpha: float, learn_basis: bool, basis_map: str = "exp", *,
                  certified: bool = True):
         super().__init__()
-        check_positive("alpha_attention", alpha)
-        if certified:
-            check_certified_steps("metric", None, rho, alpha, None)
+        check_step("alpha_attention", alpha, "metric", get_rho(rho), certified=certified)
         self.d, self.H, self.rho, self.alpha = d, n_heads, rho, alpha
         dh = d // n_heads
         self.A = nn.Parameter(torch.empty(n_heads, dh, dh))
@@ -113,7 +128,7 @@ class MetricAttention(nn.Module):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return attention_step(Y, self.factors(), self.rho, self.alpha * scale, padding_mask,
-                              self.subspaces())
+                              self.subspaces(), certified=False)   # ModelConfig checked α when certified
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.attention_energy(Y, self.factors(), self.rho, padding_mask)
@@ -154,9 +169,7 @@ class SymmetricFFN(nn.Module):
 
     def __init__(self, d: int, eta: float, relu: bool, bound: float, method: str, *, certified: bool = True):
         super().__init__()
-        check_positive("alpha_ffn", eta)
-        if certified:
-            check_certified_steps(None, "symmetric", None, None, eta)
+        check_step("alpha_ffn", eta, "symmetric", certified=certified)
         self.eta, self.relu = eta, relu
         self.W_F = nn.Parameter(nn.init.xavier_normal_(torch.empty(d, d)))
         parametrize.register_parametrization(self, "W_F", BoundedSymmetric(bound, method))
@@ -168,7 +181,7 @@ class SymmetricFFN(nn.Module):
         return self.parametrizations.W_F.original
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask)
+        return symmetric_ffn_step(Y, self.W_F, self.b, self.eta * scale, self.relu, padding_mask, certified=False)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.symmetric_ffn_energy(Y, self.W_F, self.b, padding_mask)
@@ -179,19 +192,18 @@ class TiedFFN(nn.Module):
 
     def __init__(self, d: int, hidden: int, alpha: float, *, certified: bool = True):
         super().__init__()
-        check_positive("alpha_ffn", alpha)
-        if certified:
-            check_certified_steps(None, "tied", None, None, alpha)
+        check_step("alpha_ffn", alpha, "tied", certified=certified)
         self.alpha = alpha
         self.W1 = nn.Parameter(torch.randn(d, hidden) / math.sqrt(hidden))
         self.b = nn.Parameter(torch.zeros(hidden))
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
-        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask)
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, certified=False)
 
     def step_and_energy(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> tuple[Tensor, Tensor]:
         """The step and E_H at its input from one shared ReLU(Y W1 + 1b)."""
-        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True)
+        return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, return_energy=True,
+                             certified=False)
 
     def energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
         return E.tied_ffn_energy(Y, self.W1, self.b, padding_mask)

@@ -7,15 +7,20 @@ key_padding_mask convention). The input is validated once per forward. Anchored 
 tied FFN run in their own learned bases (`rotated.py`: same parameters, the same results to
 round-off, no head projections); the other layers run as their modules.
 
-**Safeguard** (THEORY §3.5): each sub-step descends its own term, but a whole layer need not
-lower E = E_A + E_FFN. With `safeguard=True` every layer step is accepted per sample only if E
-does not rise (beyond `descent_tolerance`); otherwise its step size is halved, up to
-`max_halvings` times, after which the sample keeps its state (the layer is skipped for it). The
-energy curve then never rises, by construction. It needs the energies of every layer, so it is
-off unless asked for. With states in float32 (or lower) the safeguard decides on float64 evaluations
-of the states (operators as stored, converted exactly; the steps stay in the states' dtype), and the
-energies it returns are those: an accepted layer does not rise under an independent float64 evaluation
-(docs/theory.md, "Numerics of the fast paths"; float32 passes err by up to 4γR², `softmax.logit_error_bound`).
+**Joint layer** (`layer="joint"`, THEORY §3.7, `joint.py`): attention and the tied FFN in one MM step
+on the whole layer energy, which every layer lowers by construction; its curve comes from the steps'
+own passes and hidden layers (one more of each at the last state).
+
+**Safeguard** (THEORY §3.5): each sub-step of the alternating layer descends its own term, but a whole
+layer need not lower E = E_A + E_FFN (the joint layer does; the safeguard then never backtracks).
+With `safeguard=True` every layer step is accepted per sample only if E does not rise (beyond
+`descent_tolerance`); otherwise its step size is halved, up to `max_halvings` times, after which the
+sample keeps its state (the layer is skipped for it). The energy curve then never rises, by
+construction. It needs the energies of every layer, so it is off unless asked for. With states in
+float32 (or lower) the safeguard decides on float64 evaluations of the states (operators as stored,
+converted exactly; the steps stay in the states' dtype), and the energies it returns are those: an
+accepted layer does not rise under an independent float64 evaluation (docs/theory.md, "Numerics of the
+fast paths"; float32 passes err by up to 4γR², `softmax.logit_error_bound`).
 
 Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
@@ -28,7 +33,8 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
 For ρ = exp each state's attention pass serves both its energy and the step from it
 (`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
-FFN product Y⁽ᵗ⁾ W1 per layer that no step computes.
+FFN product Y⁽ᵗ⁾ W1 per layer that no alternating step computes (the joint layer's step computes it:
+one extra pass and hidden layer in all). For a joint layer `"steps"` has no intermediate state: U = Y⁺.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from .descent import descent_tolerance, lowered
 from .energy import check_dtype, check_states
 from .errors import ConfigError
 from .hub import PretrainedMixin
+from .joint import JointLayer, JointStack
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
@@ -56,7 +63,10 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
     d, H = cfg.d_model, cfg.n_heads
     if cfg.attention == "anchored":
         attn = AnchoredAttention(d, H, cfg.rho, cfg.anchor_weight, cfg.alpha_attention, cfg.learn_basis,
-                                 cfg.basis_map or "exp", certified=cfg.certified)
+                                 cfg.basis_map or "exp", certified=bool(cfg.certified),
+                                 length_norm=cfg.attention_norm == "length")
+        if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
+            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, 1.0), cfg.ffn_weight)   # ffn.alpha unused
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp",
                                certified=cfg.certified)
@@ -166,6 +176,17 @@ def _put(value, rows: Tensor, new):
     return type(value)(*(_put(v, rows, w) for v, w in zip(value, new)))
 
 
+def _empty_output(x: Tensor, depth: int, detail: str | None) -> EncoderOutput:
+    """The output of a batch of B = 0 samples: hidden (0, n, d) and, when asked for, (0, ·) float64 energies."""
+    if detail is None:
+        return EncoderOutput(hidden=x.clone())
+    rows = lambda width: x.new_zeros(0, width, dtype=torch.float64)   # noqa: E731
+    steps = {name: rows(depth) for name in ("attention_before", "attention_after", "ffn_before", "ffn_after")}
+    return EncoderOutput(hidden=x.clone(), energies=rows(depth + 1), layer_before=rows(depth),
+                         layer_after=rows(depth), step_scales=rows(depth).to(x.dtype),
+                         **(steps if detail == "steps" else {}))
+
+
 class _ModuleStack:
     """The layers as modules, in original coordinates (metric and released attention, other FFNs)."""
 
@@ -248,9 +269,12 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
             raise ConfigError(f"return_energies must be False, True (the energy curve), 'curve' or 'steps' "
                               f"(the curve and the sub-step energies), got {return_energies!r}")
         detail = _DETAIL[return_energies] or ("curve" if safeguard else None)
+        if x.shape[0] == 0:                                          # an empty batch: empty outputs
+            return _empty_output(x, self.config.depth, detail)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
             exact = safeguard and x.dtype != torch.float64           # decide on float64 evaluations
-            stack = (RotatedStack(self, x, valid, exact) if all(runs_rotated(layer) for layer in self.layers)
+            rotated = JointStack if isinstance(self.layers[0], JointLayer) else RotatedStack
+            stack = (rotated(self, x, valid, exact) if all(runs_rotated(layer) for layer in self.layers)
                      else _ModuleStack(self, x, padding_mask, exact))
             if detail is None:
                 return EncoderOutput(hidden=stack.run())

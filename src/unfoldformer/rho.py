@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .contracts import check_in_range, check_positive
+
 RhoFn = Callable[[Tensor], Tensor]
 
 
@@ -51,6 +53,12 @@ class Rho:
     curvature: RhoFn | None = None
     constant_kernel: bool = False
 
+    def __post_init__(self) -> None:
+        for what in ("value", "derivative"):
+            if not callable(getattr(self, what)):
+                raise TypeError(f"Rho {self.name!r}: {what} must be a callable z -> tensor, got "
+                                f"{type(getattr(self, what)).__name__}")
+
     def __call__(self, z: Tensor) -> Tensor:
         return self.value(z)
 
@@ -67,8 +75,7 @@ def exp_rho() -> Rho:
 
 def log_rho(c: float = 2.0) -> Rho:
     """ρ(z) = log(z + c): heavy-tailed (Cauchy / Student-t) attention weights 1/(z + c)."""
-    if c <= 0:
-        raise ValueError(f"log rho needs c > 0, got c={c}")
+    c = check_positive("log rho: c", c)
     return Rho("log", lambda z: torch.log(z + c), lambda z: 1.0 / (z + c), psd_kernel=True,
                derivative_inplace=lambda z: z.add_(c).reciprocal_(),
                curvature=lambda z: (z + c).square_().reciprocal_().neg_())
@@ -86,10 +93,8 @@ def lp_rho(p: float = 1.0, tau: float = 1e-3) -> Rho:
     The tangent extension keeps ρ concave and differentiable, and ρ'(0) finite, so the
     IRLS weights (p/2)·max(z, τ)^{p/2−1} are bounded.
     """
-    if not 0 < p <= 2:
-        raise ValueError(f"lp rho needs 0 < p <= 2, got p={p}")
-    if tau <= 0:
-        raise ValueError(f"lp rho needs a floor tau > 0, got tau={tau}")
+    p = check_in_range("lp rho: p", p, 0.0, 2.0)
+    tau = check_positive("lp rho: the floor tau", tau)
     h = p / 2.0
 
     def value(z: Tensor) -> Tensor:
@@ -108,26 +113,64 @@ def lp_rho(p: float = 1.0, tau: float = 1e-3) -> Rho:
 
 def truncated_rho(tau: float = 1.0) -> Rho:
     """ρ(z) = min(z, τ): hard neighbourhood averaging (ρ' is a supergradient at τ)."""
-    if tau <= 0:
-        raise ValueError(f"truncated rho needs tau > 0, got tau={tau}")
+    tau = check_positive("truncated rho: tau", tau)
     return Rho("truncated", lambda z: z.clamp(max=tau), lambda z: (z < tau).to(z.dtype),
                psd_kernel=False, derivative_inplace=lambda z: z.lt_(tau), curvature=torch.zeros_like)
 
 
 def custom_rho(value: RhoFn, derivative: RhoFn | None = None, name: str = "custom",
-               psd_kernel: bool = False) -> Rho:
+               psd_kernel: bool = False, *, check: bool = False) -> Rho:
     """Wrap a user callable ρ; ρ' by autograd when not given. Check it with `check_rho`.
 
     The autograd ρ' is itself differentiable when its input requires grad (so ρ'' for the backward
-    pass of the attention step comes from autograd too).
+    pass of the attention step comes from autograd too). `value` and `derivative` must be callable
+    and, on a probe grid z ∈ [0, 50], return finite tensors of z's shape (ValueError naming what
+    fails: a ρ returning a scalar would give every sample the same energy). Every later call is
+    checked the same cheap way (shape, and finite where z is finite), so a ρ that gives NaN on the
+    states it meets fails in one line instead of giving NaN energies or a step that keeps its input.
+    `check=True` also runs the full `check_rho` (concave, non-decreasing, ρ' = dρ/dz) now;
+    `register_rho` always does.
     """
+    for what, fn in (("value", value), ("derivative", derivative)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"custom_rho: {what} must be a callable z -> rho(z) on tensors, got {fn!r} "
+                            f"({type(fn).__name__})")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"custom_rho: name must be a non-empty string, got {name!r}")
     if derivative is None:
         def derivative(z: Tensor) -> Tensor:
             with torch.enable_grad():
                 zz = z if z.requires_grad else z.detach().requires_grad_(True)
                 (grad,) = torch.autograd.grad(value(zz).sum(), zz, create_graph=z.requires_grad)
             return grad
-    return Rho(name, value, derivative, psd_kernel=psd_kernel)
+    rho = Rho(name, _checked(name, "rho", value), _checked(name, "rho'", derivative), psd_kernel=psd_kernel)
+    probe = torch.linspace(0.0, 50.0, 11, dtype=torch.float64)
+    rho.value(probe), rho.derivative(probe)                        # raise now, naming what fails
+    if check:
+        result = check_rho(rho)
+        if not result:
+            raise ValueError(f"rho {name!r} fails the checks: {'; '.join(result.problems)}")
+    return rho
+
+
+def _checked(name: str, what: str, fn: RhoFn) -> RhoFn:
+    """`fn` with its output checked at every call: a tensor of the input's shape, finite where z is."""
+    def call(z: Tensor) -> Tensor:
+        try:
+            out = fn(z)
+        except Exception as exc:       # a user callable may raise anything; say whose it is
+            raise ValueError(f"custom rho {name!r}: {what} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(out, Tensor) or out.shape != z.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"custom rho {name!r}: {what}(z) must be a tensor of z's shape {tuple(z.shape)}, "
+                             f"got {got}")
+        if z.device.type != "meta":
+            bad = ~torch.isfinite(out) & torch.isfinite(z)
+            if bool(bad.any()):
+                at = float(z[bad].flatten()[0])
+                raise ValueError(f"custom rho {name!r}: {what}(z) is not finite at z = {at:.6g}")
+        return out
+    return call
 
 
 RHO_FAMILY: dict[str, Callable[..., Rho]] = {
@@ -188,8 +231,11 @@ def check_rho(rho: str | Rho, z_max: float = 50.0, points: int = 2001, tol: floa
     finite differences of ρ. Returns which condition fails, with a witness point."""
     r = get_rho(rho)
     z = torch.linspace(0.0, z_max, points, dtype=torch.float64)
-    v, dv = r.value(z), r.derivative(z)
     problems: list[str] = []
+    try:
+        v, dv = r.value(z), r.derivative(z)
+    except ValueError as exc:                                      # a custom ρ's own shape/finiteness check
+        return RhoCheck(False, [str(exc)])
     if not (torch.isfinite(v).all() and torch.isfinite(dv).all()):
         problems.append("rho or rho' is not finite on [0, z_max]")
         return RhoCheck(False, problems)

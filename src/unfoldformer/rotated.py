@@ -33,7 +33,7 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from . import energy as E
-from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer
+from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, length_weight
 from .rho import get_rho
 from .softmax import AttentionPass, attention_pass, mass_energy
 from .steps import anchored_attention_step, anchored_softmax_update, isotropic_factors
@@ -78,6 +78,13 @@ def _hidden(Y: Tensor, f: _Frame) -> Tensor:
         return torch.addmm(f.b, Y.reshape(B * n, d), f.W).relu_().view(B, n, -1)
     Y1 = torch.cat([Y.reshape(B * n, d), Y.new_ones(B * n, 1)], dim=1)      # (B·n, d + 1)
     return torch.mm(Y1, f.W_bias).relu_().view(B, n, -1)
+
+
+def sample_log_nu(f: _Frame, valid: Tensor) -> Tensor:
+    """log ν_h: (H,), or (B, 1, H) per sample with length normalisation (ν_h = λ s_h²/n, THEORY §3.7)."""
+    if not f.layer.attention.length_norm:
+        return f.log_nu
+    return f.log_nu - valid.sum(1).clamp_min(1).to(f.log_nu.dtype).log()[:, None, None]
 
 
 def _change(Q_from: Tensor | None, Q_to: Tensor | None) -> Tensor | None:
@@ -165,10 +172,12 @@ class RotatedStack:
         att = f.layer.attention
         alpha = att.alpha * scale
         if not self.exp:
-            return anchored_attention_step(Y, Xr, f.scales, att.lam, att.rho, alpha, ~valid), None
+            return anchored_attention_step(Y, Xr, f.scales, att.sample_lam(valid), att.rho, alpha, ~valid,
+                                           certified=False), None
         B, n, d = Y.shape
         C, Xc = Y.view(B, n, att.H, d // att.H), Xr.view(B, n, att.H, d // att.H)   # (B, n, H, dh) views
-        U, attention = anchored_softmax_update(C, Xc, f.scales, f.log_nu, valid, alpha, attention)
+        U, attention = anchored_softmax_update(C, Xc, f.scales, sample_log_nu(f, valid), valid, alpha, attention,
+                                               certified=False)
         return U.reshape(B, n, d), attention
 
     def _ffn(self, f: _Frame, U: Tensor, scale: float, W_out: Tensor | None,
@@ -229,7 +238,8 @@ class RotatedStack:
 
     def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor,
                attention: AttentionPass | None, hidden: Tensor | None) -> EnergyTerms:
-        """E_ℓ's terms at Y (this basis): E_A + λ⁻¹½‖Y − X‖² and E_H, squares summed per row then in float64.
+        """E_ℓ's terms at Y (this basis): E_A (/n with length normalisation) + λ⁻¹½‖Y − X‖² and E_H, squares
+        summed per row then in float64.
 
         `attention`: the pass at Y (computed when None); `hidden`: ReLU(Y W̃ + b) when known."""
         att = f.layer.attention
@@ -239,6 +249,8 @@ class RotatedStack:
         else:
             factors = isotropic_factors(f.scales, Y.shape[-1])
             e_attention = E.attention_energy(Y, factors, att.rho, ~valid, check_finite=False)
+        if att.length_norm:
+            e_attention = e_attention * length_weight(valid)        # E_A / n (THEORY §3.7)
         e_attention = e_attention + 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
         if f.W is None:
             return EnergyTerms(e_attention, torch.zeros_like(e_attention))

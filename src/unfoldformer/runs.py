@@ -10,6 +10,12 @@
 - `staged_output`: an output folder built in a temporary sibling (`.NAME.tmp-*`) and moved into
   place with `complete.json` (command, run id, config sha256, every file with its size and
   sha256) once every file is written: the folder is whole or absent, and never mixes two runs.
+- `write_manifest` / `verify_manifest` / `manifest_vouches`: the same `complete.json` for folders
+  written in place (training runs): written last, checked on every load (a file changed, missing
+  or truncated since is an `IntegrityError` naming it); `refresh_manifest` re-pins a folder whose
+  files its own command edited.
+- An output folder is never the working directory or one of its parents (an empty `--out ''`
+  is the working directory: refused before any work, `check_output_folder`).
 """
 from __future__ import annotations
 
@@ -29,11 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, OutputError
+from .contracts import check_path_given
+from .errors import ConfigError, IntegrityError, OutputError
 from .utils import current_umask, file_sha256, fsync_folder, jsonable, write_json
 
-__all__ = ["MANIFEST_NAME", "check_at_least", "check_device", "check_output_location", "config_sha256",
-           "folder_lock", "new_run_id", "resolve_device", "staged_output"]
+__all__ = ["MANIFEST_NAME", "check_at_least", "check_device", "check_output_folder", "check_output_location",
+           "config_sha256", "folder_lock", "manifest_vouches", "new_run_id", "refresh_manifest", "resolve_device",
+           "staged_output", "verify_manifest", "write_manifest"]
 
 
 # ----------------------------------------------------------------------------- settings checked before work
@@ -84,7 +92,9 @@ def check_output_location(name: str, path: str | Path, *, folder: bool = True) -
 
     Walks up to the nearest existing folder and creates and removes a small probe file there, so a
     read-only, full or missing location fails now, naming the setting, rather than after the work.
-    Creates nothing that stays. Returns the absolute path (symbolic links and `..` resolved)."""
+    Creates nothing that stays. Returns the absolute path (symbolic links and `..` resolved).
+    An empty path is refused (it would mean the working directory)."""
+    check_path_given(name, path)
     path = Path(path).expanduser().resolve()
     if path.exists() and folder and not path.is_dir():
         raise OutputError(f"{name} {path}: exists and is a file, not a folder")
@@ -213,6 +223,20 @@ def _replaceable(folder: Path, command: str, owned: Callable[[str], bool]) -> No
                       "it replaces its whole output folder, so choose a new or empty folder")
 
 
+def check_output_folder(name: str, path: str | Path, command: str,
+                        owned: Callable[[str], bool] = lambda name: False) -> Path:
+    """Everything `staged_output` will check, checked now, before any work: `path` given, writable
+    (`check_output_location`), not the working directory or one of its parents, and replaceable
+    (absent, empty, an earlier output of `command`, or only names `owned` accepts)."""
+    folder = check_output_location(name, path)
+    here = Path.cwd().resolve()
+    if folder == here or folder in here.parents:
+        raise OutputError(f"{name} {folder}: is the working directory or one above it; the command replaces its "
+                          "whole output folder, so give a new folder (e.g. --out results)")
+    _replaceable(folder, command, owned)
+    return folder
+
+
 def _clean_leftovers(folder: Path) -> None:
     """Remove the temporary siblings of a killed run; restore an earlier output caught mid-swap."""
     name = folder.name
@@ -223,15 +247,82 @@ def _clean_leftovers(folder: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _manifest(folder: Path, command: str, run_id: str, config: Any) -> dict:
+def _manifest(folder: Path, command: str, run_id: str, config: Any, *, config_hash: str | None = None) -> dict:
     files = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p != folder / MANIFEST_NAME):
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
         files[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
     return {"format": "unfoldformer-output", "command": command, "run_id": run_id,
-            "config_sha256": config_sha256(config), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "config_sha256": config_hash or config_sha256(config), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": files}
+
+
+def write_manifest(folder: str | Path, command: str, run_id: str, config: Any) -> None:
+    """Pin every file of `folder` (size and sha256) in `folder/complete.json`, written last and atomically."""
+    folder = Path(folder)
+    write_json(folder / MANIFEST_NAME, _manifest(folder, command, run_id, config))
+
+
+def _read_manifest(folder: Path) -> dict | None:
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise IntegrityError(f"{path}: the folder's manifest is unreadable (truncated or edited); it pins the "
+                             "run's files, so restore it or rerun") from None
+    return manifest
+
+
+def refresh_manifest(folder: str | Path) -> None:
+    """Re-pin the files of a folder whose own command edited them (same command, run id and config hash)."""
+    folder = Path(folder)
+    old = _read_manifest(folder)
+    if old is not None:
+        write_json(folder / MANIFEST_NAME, _manifest(folder, old.get("command"), old.get("run_id"), None,
+                                                     config_hash=old.get("config_sha256")))
+
+
+def verify_manifest(folder: str | Path, skip: tuple[str, ...] = ()) -> dict | None:
+    """Check every file `folder/complete.json` lists (present, same size, same sha256); returns the manifest,
+    or None when the folder has none (a run in progress, or written before manifests). A difference is an
+    `IntegrityError` naming the file and what changed. `skip`: names not checked (files about to be rewritten)."""
+    folder = Path(folder)
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        return None
+    for name, pinned in sorted(manifest["files"].items()):
+        if name in skip:
+            continue
+        path = folder / name
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != pinned.get("bytes"):
+            problem = f"has {path.stat().st_size} bytes, {pinned.get('bytes')} when the run finished"
+        elif file_sha256(path) != pinned.get("sha256"):
+            problem = "has other contents than when the run finished (sha256 differs)"
+        else:
+            continue
+        raise IntegrityError(f"{path}: {problem}; {folder / MANIFEST_NAME} pins every file of the run, so the "
+                             "folder was changed afterwards: restore the file or rerun")
+    return manifest
+
+
+def manifest_vouches(path: str | Path) -> bool:
+    """Whether the manifest of `path`'s folder lists `path` with its present size and sha256."""
+    path = Path(path)
+    try:
+        manifest = _read_manifest(path.parent)
+    except IntegrityError:
+        return False
+    pinned = (manifest or {}).get("files", {}).get(path.name)
+    return (isinstance(pinned, dict) and path.is_file() and path.stat().st_size == pinned.get("bytes")
+            and file_sha256(path) == pinned.get("sha256"))
 
 
 @contextmanager
@@ -245,7 +336,7 @@ def staged_output(folder: str | Path, command: str, config: Any, *,
     earlier output of `command`, or only names `owned` accepts; anything else is refused before any
     work). An error or a kill leaves the earlier output as it was; the temporary folder is removed
     (by the next run, after a kill)."""
-    folder = check_output_location("output folder", folder)
+    folder = check_output_folder("output folder", folder, command, owned)
     with folder_lock(folder, command):
         _clean_leftovers(folder)
         _replaceable(folder, command, owned)

@@ -2,20 +2,23 @@
 
 Builds a preset (default `certified`), runs it on random inputs with padding, and prints
 E(Y⁽ᵗ⁾) per layer with the share of layer, attention and FFN steps that lower their
-energy. Writes nothing unless `--out` is given (then `demo.json`, `config.json` and
+energy and the share of samples whose curve never rises. A joint layer (`certified-joint`, THEORY
+§3.7) is one step, so it has no sub-step shares; for the alternating certified layer the demo also
+runs the joint layer of the same size on the same inputs, whose curves never rise. Writes nothing
+unless `--out` is given (then `demo.json`, `config.json` and
 `complete.json`, the folder built whole or not at all: `runs.staged_output`).
 """
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
 from ..config import PRESETS, ModelConfig
-from ..descent import descent_tolerance, share_lowered
+from ..contracts import check_seed
+from ..descent import descent_tolerance, lowered, share_lowered
 from ..model import UnfoldedTransformer
-from ..runs import check_output_location, staged_output
+from ..runs import check_output_folder, staged_output
 from ..utils import write_json
 from . import add_device_argument, check_device_option, check_options
 
@@ -29,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--depth", type=int, default=None, help="override the preset's depth")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="folder for demo.json and config.json")
+    parser.add_argument("--out", default=None, help="folder for demo.json and config.json")
     add_device_argument(parser)
 
 
@@ -41,24 +44,35 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
     pad = torch.zeros(batch, tokens, dtype=torch.bool, device=device)
     pad[batch // 2:, tokens * 3 // 4:] = True                        # half the batch padded
     tol = descent_tolerance(x.dtype)
+    joint = cfg.layer == "joint"
     with torch.no_grad():
         out = model(x, pad, return_energies="steps", safeguard=safeguard)   # curve and sub-step terms
-    return {
+    result = {
         "mean_energy_per_layer": out.energies.mean(0).tolist(),
         "share_layer_steps_lowering": share_lowered(out.layer_before, out.layer_after, tol),
-        "share_attention_steps_lowering": share_lowered(out.attention_before, out.attention_after, tol),
-        "share_ffn_steps_lowering": share_lowered(out.ffn_before, out.ffn_after, tol),
+        "share_attention_steps_lowering": None if joint else share_lowered(out.attention_before,
+                                                                           out.attention_after, tol),
+        "share_ffn_steps_lowering": None if joint else share_lowered(out.ffn_before, out.ffn_after, tol),
+        "share_curves_never_rising": float(lowered(out.layer_before, out.layer_after, tol).all(1).double().mean()),
         "mean_safeguard_step_scale": float(out.step_scales.mean()),
     }
+    if cfg.layer == "alternating" and cfg.ffn == "tied":          # the joint layer of the same size, same inputs
+        same = {k: getattr(cfg, k) for k in ("d_model", "n_heads", "depth", "tied", "rho", "ffn_hidden")}
+        joint_cfg = ModelConfig.preset("certified-joint", **same)
+        result["joint_preset"] = joint_cfg.preset_name
+        result["joint_share_curves_never_rising"] = energy_trace(joint_cfg, batch, tokens, seed)[
+            "share_curves_never_rising"]
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
     check_options(args, "batch", "tokens", "depth")
+    check_seed("--seed", args.seed)
     device = check_device_option(args)
     overrides = {} if args.depth is None else {"depth": args.depth}
     cfg = ModelConfig.preset(args.preset, **overrides)
-    if args.out is not None:
-        check_output_location("--out", args.out)
+    if args.out is not None:                                       # every check of the folder, before any work
+        check_output_folder("--out", args.out, "demo", OUTPUT_FILES.__contains__)
     result = energy_trace(cfg, args.batch, args.tokens, args.seed, args.safeguard, device)
     print(f"preset {args.preset}: d_model={cfg.d_model} heads={cfg.n_heads} depth={cfg.depth} "
           f"attention={cfg.attention} ffn={cfg.ffn} safeguard={args.safeguard}")
@@ -66,7 +80,13 @@ def run(args: argparse.Namespace) -> int:
     for t, e in enumerate(result["mean_energy_per_layer"]):
         print(f"{t:>5}  {e:>20.6f}")
     for key in ("layer", "attention", "ffn"):
-        print(f"share of {key} steps that do not raise the energy: {result[f'share_{key}_steps_lowering']:.1%}")
+        share = result[f"share_{key}_steps_lowering"]
+        if share is not None:
+            print(f"share of {key} steps that do not raise the energy: {share:.1%}")
+    print(f"share of samples whose curve never rises: {result['share_curves_never_rising']:.1%}")
+    if "joint_preset" in result:
+        print(f"the joint layer (preset {result['joint_preset']}, THEORY §3.7) on the same inputs, no safeguard: "
+              f"curve never rises on {result['joint_share_curves_never_rising']:.1%} of samples")
     if args.out is not None:
         config = {"model": cfg.to_dict(), "seed": args.seed, "batch": args.batch, "tokens": args.tokens,
                   "safeguard": args.safeguard}

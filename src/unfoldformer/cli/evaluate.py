@@ -9,7 +9,9 @@ never rises (beyond the model's float32 round-off allowance; `monotone_share_str
 share whose every layer descends its own energy, share of layer steps the safeguard shortened,
 and the mean curve. `--safeguard` evaluates with whole-layer descent by backtracking (THEORY §3.5).
 Every option is checked before any work (sizes >= 1, device present, labelled split, `--output`
-writable); the weights' checksums are verified; `--output` is written atomically (whole or absent).
+writable); the run folder's manifest and the weights' checksums are verified (weights without
+checksums need the manifest or `--trust-unverified`); a NaN or infinite loss or energy is refused
+(exit 2, naming the example), never reported; `--output` is written atomically (whole or absent).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-energies", action="store_true", help="skip the energy statistics")
     add_device_argument(parser)
     parser.add_argument("--output", help="also write the result as JSON to this file")
+    parser.add_argument("--trust-unverified", action="store_true",
+                        help="read weights without checksums that no run-folder manifest vouches for")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,13 +49,13 @@ def run(args: argparse.Namespace) -> int:
     if args.full_length and args.max_length is not None:
         raise ConfigError("--max-length and --full-length exclude each other")
     check_device("--device", args.device)
-    if args.output:
+    if args.output is not None:
         check_output_location("--output", args.output, folder=False)
     result = evaluate_checkpoint(args.checkpoint, data_dir=args.data_dir, split=args.split,
                                  max_length=args.max_length, full_length=args.full_length,
                                  batch_size=args.batch_size, energies=not args.no_energies,
                                  safeguard=args.safeguard, max_examples=args.max_examples, device=args.device,
-                                 progress=True)
+                                 progress=True, trust_unverified=args.trust_unverified)
     print(json.dumps(result, indent=2))
     if args.output:
         write_json(args.output, result)

@@ -6,6 +6,8 @@ RUN is a run folder (its best weights), a `.safetensors` file or a `checkpoint.p
 from `--text` (repeatable), `--file` (one text per line; `-` reads standard input), or both.
 Prints the class names, then one line per text (label name, probabilities in class order, the energy
 curve per real token E(Y⁽ᵗ⁾)/n), or JSON with `--json` (with the raw curve E(Y⁽ᵗ⁾) as well).
+A NaN or infinite probability or energy is refused (exit 2, naming the text). Weights without checksums
+need their run folder's manifest or `--trust-unverified`.
 """
 from __future__ import annotations
 
@@ -28,11 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--full-length", action="store_true", help="no truncation (default: the training length)")
     parser.add_argument("--data-dir", help="data folder (vocabularies built from data: random / GloVe embeddings)")
     add_device_argument(parser)
+    parser.add_argument("--trust-unverified", action="store_true",
+                        help="read weights without checksums that no run-folder manifest vouches for")
 
 
 def read_texts(args: argparse.Namespace) -> list[str]:
     texts = list(args.text)
-    if args.file:
+    if args.file is not None:
+        if not args.file.strip():
+            raise ConfigError("--file is empty; give a file name, or - for standard input")
         try:
             lines = sys.stdin.read() if args.file == "-" else Path(args.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -48,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     device = check_device_option(args)
     texts = read_texts(args)
-    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1, device=device)
+    predictor = load(args.run, data_dir=args.data_dir, max_length=None if args.full_length else -1, device=device,
+                     trust_unverified=args.trust_unverified)
     predictions = predictor(texts, energies=not args.no_energies, safeguard=args.safeguard)
     if args.json:
         print(json.dumps([p.to_dict() for p in predictions], indent=2))

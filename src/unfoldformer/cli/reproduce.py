@@ -20,8 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embeddings", default="minilm",
                         help="minilm (384-d, default) | glove:PATH (e.g. glove.840B.300d.txt) | random (300-d)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"))
-    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--out", default="runs/reproduce")
+    parser.add_argument("--data-dir", default=None)
     parser.add_argument("--quick", action="store_true",
                         help="small, fast settings (< 2 minutes; smaller trained models, labelled so)")
     parser.add_argument("--train-examples", type=int, default=None,
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = ReproduceSettings.create(
         args.figures, args.datasets, args.quick, samples=args.samples, embeddings=args.embeddings, seed=args.seed,
-        out=str(args.out), data_dir=None if args.data_dir is None else str(args.data_dir),
+        out=args.out, data_dir=args.data_dir,
         train_examples=args.train_examples, train_epochs=args.train_epochs, accuracy_samples=args.accuracy_samples,
         threads=args.threads, progress=not args.no_progress)
     results, timings = run_reproduction(settings)

@@ -41,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(config: str | None, overrides: list[str], resume: bool):
     """Config from `config` (or, when resuming without one, the run's own config.json) plus overrides."""
+    from ..contracts import check_path_given
     from ..train import TrainConfig
-    cfg = (TrainConfig.load(config) if config else TrainConfig()).with_overrides(list(overrides))
+    check_path_given("--config", config)                          # '' would silently mean the defaults
+    cfg = (TrainConfig.load(config) if config is not None else TrainConfig()).with_overrides(list(overrides))
     saved = Path(cfg.run.out_dir) / "config.json"
-    if resume and not config and saved.is_file():
+    if resume and config is None and saved.is_file():
         cfg = TrainConfig.load(saved).with_overrides(list(overrides))
     return cfg
 

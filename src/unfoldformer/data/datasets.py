@@ -183,6 +183,9 @@ def load_imdb(
     unsup = include_unsup and split == "train"
     folders = ("neg", "pos", "unsup") if unsup else ("neg", "pos")
     by_folder = _load_imdb_cached(*_cache_key(source), unsup)
+    for folder in folders:                   # only the split asked for must be there (train alone is fine)
+        if not by_folder[(split, folder)]:
+            raise DataFormatError(f"{source}: member aclImdb/{split}/{folder}/ is missing or has no reviews")
     return [example for folder in folders for example in by_folder[(split, folder)]]
 
 
@@ -201,7 +204,7 @@ def _load_imdb_cached(
         wanted.add(("train", "unsup"))
     reader = _read_imdb_folder if path.is_dir() else _read_imdb_tar
     raw = reader(path, wanted)
-    return {key: _sorted_examples(raw.get(key, {}), key, path) for key in wanted}
+    return {key: _sorted_examples(raw[key], key) if raw.get(key) else () for key in wanted}
 
 
 def _review_target(relative: str, wanted: set[tuple[str, str]]) -> tuple[str, str] | None:
@@ -271,19 +274,15 @@ def _read_imdb_folder(path: Path, wanted: set[tuple[str, str]]) -> Reviews:
     for key in sorted(wanted):
         folder = path / key[0] / key[1]
         if not folder.is_dir():
-            continue  # reported as missing by _sorted_examples
+            continue  # reported as missing by load_imdb
         for file in folder.iterdir():
             if file.is_file():
                 _add_review(raw, key, file.name, file.read_bytes(), str(file))
     return raw
 
 
-def _sorted_examples(
-    reviews: dict[int, str], key: tuple[str, str], path: Path
-) -> tuple[TextExample, ...]:
+def _sorted_examples(reviews: dict[int, str], key: tuple[str, str]) -> tuple[TextExample, ...]:
     split, folder = key
-    if not reviews:
-        raise DataFormatError(f"{path}: member aclImdb/{split}/{folder}/ is missing or has no reviews")
     label = _IMDB_FOLDERS[folder]
     return tuple(TextExample(reviews[i], label) for i in sorted(reviews))
 

@@ -9,7 +9,8 @@ One data set, the same N evaluation texts for every variant. Variants (keys "for
   energy E_rel) on the same inputs;
 - trained variants (`paper.trained`): ``paper/trained-as-released`` and
   ``paper-as-released/trained-as-released`` (the paper's SGD recipe), ``paper/trained`` (a recipe
-  that learns) and ``certified/trained`` (the certified-tied model). A trained classifier's encoder
+  that learns) and ``certified/trained`` (the certified-joint model, THEORY §3.7, no
+  safeguard). A trained classifier's encoder
   runs on its own inputs X = input map(embeddings).
 
 The ``paper`` F1 energy leaves out ι_{≥0} (the input embeddings are not non-negative, so E(Y⁽⁰⁾)

@@ -37,7 +37,7 @@ __all__ = ["GROUPS", "plot"]
 
 #: Rows of the figure: (title, variant keys), drawn when present.
 GROUPS = (
-    ("certified descent: corrected paper formulas, certified-tied model",
+    ("certified descent: corrected paper formulas, certified-joint model",
      ("paper/random", "paper/random-relu", "paper/trained-as-released", "paper/trained", "certified/trained")),
     ("as released: the authors' formulas, energy E_rel (THEORY §7.1)",
      ("paper-as-released/random", "paper-as-released/random-relu", "paper-as-released/trained-as-released")),
@@ -46,7 +46,7 @@ _MEDIAN, _MEAN, _RISE, _BAND = "tab:orange", "tab:red", "crimson", "#d9e8f5"
 
 
 def _title(c: VariantCurves) -> str:
-    head = {"paper": "paper", "paper-as-released": "as released", "certified": "certified-tied"}[c.formula]
+    head = {"paper": "paper", "paper-as-released": "as released", "certified": "certified-joint"}[c.formula]
     title = f"{head}: {c.label}\nd={c.d_model}" + (", safeguard on" if c.safeguard else "")
     if c.accuracy is not None:
         title += f", accuracy {100 * c.accuracy:.1f}%"

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..contracts import require_finite
 from ..data import DATASET_NAMES, EVAL_SPLITS, dataset_record, load_dataset, load_embeddings
 from ..data.batching import seeded_subset
-from ..runs import check_output_location, staged_output
+from ..runs import check_output_folder, staged_output
 from ..utils import atomic_write_text, jsonable, torch_threads, write_json
 from . import fig56_energy_curves as fig56
 from . import fig56_plot
@@ -84,7 +85,7 @@ def _caption(cfg: ReproduceSettings, s: dict, emb) -> str:
     return (f"Embeddings: {emb.name} ({emb.dim}-d, frozen; the paper: GloVe 840B, 300-d). Inputs: {n} random "
             f"{DATASET_NAMES[name]} {EVAL_SPLITS[name]} texts, {trunc}, {s['tokens_per_sample']['mean']:.0f} "
             f"tokens on average. Energies per token: E/n, n = the text's tokens.\n12 weight-tied steps "
-            f"(certified-tied: 6, with the safeguard on). Accuracy: final weights on {s['n_accuracy']} "
+            f"(certified-joint: 6, no safeguard). Accuracy: final weights on {s['n_accuracy']} "
             f"{EVAL_SPLITS[name]} examples (as released: at 32 tokens; AdamW: at the curves' truncation), safeguard "
             f"off; majority class "
             f"{100 * s['majority_rate']:.1f}%. A rising step: E(Y⁽ᵗ⁾) > E(Y⁽ᵗ⁻¹⁾) + 1e-6·(1 + |E(Y⁽ᵗ⁻¹⁾)|).")
@@ -146,7 +147,7 @@ def run_reproduction(cfg: ReproduceSettings) -> tuple[dict, dict]:
 
     The trainings and curve sets run on `cfg.threads` worker processes of one thread each (`paper.tasks`);
     the rest runs here on one thread."""
-    check_output_location("--out", cfg.out)
+    check_output_folder("--out", cfg.out, "reproduce", _owned)
     with torch_threads(1), staged_output(cfg.out, "reproduce", cfg.to_dict(), owned=_owned) as out:
         return _run(cfg, out)
 
@@ -190,6 +191,7 @@ def _run(cfg: ReproduceSettings, out: Path) -> tuple[dict, dict]:
         record_final_location(run, Path(cfg.out).resolve() / MODELS / run.name)   # not the staging folder
     timings["cpu_time_all_processes"] = _cpu_time() - cpu0
     timings["total"] = time.perf_counter() - t0
+    require_finite(curves, "reproduce: energy curves")            # jsonable would write NaN as null
     results = jsonable({"mode": cfg.mode, "seed": cfg.seed, "threads": cfg.threads, "figures": theory,
                         "energy_curves": curves,
                         "settings": {k: v for k, v in cfg.to_dict().items() if k not in ("out", "progress")},

@@ -5,6 +5,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from ..contracts import check_path_given, check_seed
 from ..errors import ConfigError
 
 __all__ = ["DATASET_FIGURE", "FIGURE_DATASET", "FIGURE_FILES", "MODES", "RELEASED_DEFECTS", "ReproduceSettings",
@@ -105,6 +106,10 @@ class ReproduceSettings:
         for key in ("samples", "train_examples", "train_epochs", "threads", "accuracy_samples"):
             if options.get(key) is not None and options[key] < 1:
                 raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {options[key]}")
+        if options.get("seed") is not None:
+            check_seed("--seed", options["seed"])
+        for key in ("out", "data_dir", "embeddings"):
+            check_path_given(f"--{key.replace('_', '-')}", options.get(key))
         accuracy, train = options.pop("accuracy_samples", None), options.pop("train_examples", None)
         if accuracy is not None:
             values["imdb_accuracy_samples"] = values["sst2_accuracy_samples"] = accuracy
@@ -127,6 +132,8 @@ def _datasets(spec: str | None, figures: list[int]) -> list[str]:
     if spec is None:
         return [FIGURE_DATASET[f] for f in figures if f in FIGURE_DATASET]
     names = [d.strip().lower().replace("-", "") for d in spec.split(",") if d.strip()]
+    if not names:
+        raise ConfigError(f"--datasets {spec!r} names no data set; valid: imdb, sst2 (or leave it out)")
     bad = [d for d in names if d not in DATASET_FIGURE]
     if bad:
         raise ConfigError(f"unknown dataset(s) {bad}; valid: imdb, sst2")

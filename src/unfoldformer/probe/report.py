@@ -27,11 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..contracts import check_path_given, check_seed, require_finite
 from ..data import EVAL_SPLITS, dataset_record, load_dataset, seeded_subset
 from ..data.datasets import SPLITS
 from ..errors import ConfigError
 from ..plots import lowest_whisker, pyplot, save_figure
-from ..runs import check_output_location, staged_output
+from ..runs import check_output_folder, staged_output
 from ..utils import atomic_write_text, write_json
 
 __all__ = ["OUTPUT_FILES", "ProbeSettings", "render_markdown", "run_probe", "sample_texts"]
@@ -62,7 +63,7 @@ class ProbeSettings:
     def __post_init__(self) -> None:
         if self.dataset not in EVAL_SPLITS:
             raise ConfigError(f"unknown dataset {self.dataset!r}; valid: {', '.join(EVAL_SPLITS)}")
-        self.split = self.split or EVAL_SPLITS[self.dataset]
+        self.split = EVAL_SPLITS[self.dataset] if self.split is None else self.split   # '' is an error, not "default"
         if self.split not in SPLITS[self.dataset]:
             raise ConfigError(f"split {self.split!r} is not a split of {self.dataset}; valid: "
                               f"{', '.join(SPLITS[self.dataset])}")
@@ -70,6 +71,9 @@ class ProbeSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        check_seed("seed", self.seed)
+        check_path_given("out", self.out)
+        check_path_given("data_dir", self.data_dir)
 
 
 def sample_texts(dataset: str, split: str, samples: int, seed: int, data_dir=None) -> list[str]:
@@ -87,7 +91,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> dict:
     from .measures import probe
 
     start = time.perf_counter()
-    check_output_location("--out", settings.out)
+    check_output_folder("--out", settings.out, "probe", OUTPUT_FILES.__contains__)
     model_path = resolve_model_path(settings.model)
     texts = sample_texts(settings.dataset, settings.split, settings.samples, settings.seed, settings.data_dir)
     config = {**dataclasses.asdict(settings), "model_path": str(model_path),
@@ -96,6 +100,7 @@ def run_probe(settings: ProbeSettings, progress=None) -> dict:
                    progress=progress, num_threads=settings.threads)
     summary = {**result.summary(), "wall_seconds": time.perf_counter() - start, "config": config,
                "per_sample": _per_sample(result)}
+    require_finite(summary["per_sample"], "probe: per-sample energies")   # NaN would be written as null
     with staged_output(settings.out, "probe", config, owned=OUTPUT_FILES.__contains__) as out:
         write_json(out / "config.json", config)
         plot_heads(result, out / "heads.png")

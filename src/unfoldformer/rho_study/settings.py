@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..contracts import check_path_given, check_seed
 from ..data import EVAL_SPLITS
 from ..errors import ConfigError
 from ..rho import BUILT_IN, RHO_FAMILY, Rho, register_rho
@@ -59,7 +60,7 @@ class RhoStudySettings:
         self.rhos = [self._rho_name(r) for r in parse_list(self.rhos, "rhos")]
         if "exp" not in self.rhos:
             raise ConfigError("--rhos must include exp: every comparison is against softmax attention")
-        self.datasets = parse_list(self.datasets or list(mode["datasets"]), "datasets")
+        self.datasets = parse_list(list(mode["datasets"]) if self.datasets is None else self.datasets, "datasets")
         bad = [d for d in self.datasets if d not in EVAL_SPLITS]
         if bad:
             raise ConfigError(f"unknown dataset(s) {', '.join(bad)}; valid: {', '.join(EVAL_SPLITS)}")
@@ -67,6 +68,9 @@ class RhoStudySettings:
         for name in ("samples", "threads", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_seed("seed", self.seed)
+        for name in ("out", "data_dir", "results_dir", "runs_dir"):
+            check_path_given(name, getattr(self, name))
         if self.samples < 4:
             raise ConfigError(f"samples must be >= 4 (bootstrap intervals need a few sentences), got {self.samples}")
 

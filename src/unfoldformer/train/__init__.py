@@ -14,9 +14,10 @@
 Files written to `run.out_dir` (rank 0 only, under the folder's lock; each carries the run id):
 `config.json` (resolved config, run id, data files read with size and sha256), `checkpoint.pt`
 (full training state, with checksums), `best.safetensors` + `best.json`, `last.safetensors` +
-`last.json` (with checksums), `metrics.jsonl`, `metrics.csv`, `summary.json`. A frozen embedding
-table is not stored in the weights; its sha256 is, and the table is rebuilt from `data.embeddings`
-and checked on load.
+`last.json` (with checksums), `metrics.jsonl`, `metrics.csv`, `summary.json`, and last, when the run
+has finished, `complete.json` (every other file's size and sha256, `runs.write_manifest`; removed
+when a run continues, checked on every load). A frozen embedding table is not stored in the
+weights; its sha256 is, and the table is rebuilt from `data.embeddings` and checked on load.
 """
 from __future__ import annotations
 

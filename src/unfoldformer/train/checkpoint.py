@@ -7,11 +7,14 @@
   sha256 of every tensor and of the metadata in its metadata, plus a JSON sidecar, verified on
   load. A frozen embedding table is not stored; its sha256 is (`table_sha256`).
 - A missing, truncated, corrupt (checksum mismatch) or foreign file raises `CheckpointError`
-  naming the file and what failed. Files of version 0.1.0 carry no checksums: they are read,
-  marked `integrity: unverified` and announced by an `UnverifiedFileWarning`.
+  naming the file and what failed. A file without checksums (version 0.1.0, or stripped) is read
+  only when its run folder's manifest (`complete.json`, `runs.verify_manifest`) vouches for it
+  (`integrity`: "verified by the run folder's manifest") or the caller passes
+  `trust_unverified=True` (`integrity: unverified`, announced by an `UnverifiedFileWarning`).
 - `load_classifier`: a run folder, weights file or checkpoint -> the classifier with its
   embeddings, ready for inference (the embedding table is rebuilt and checked by sha256; weights
-  and the folder's config.json must come from the same run).
+  and the folder's config.json must come from the same run and agree with the weights' config;
+  a run folder's manifest, when it has one, must match every file it pins).
 - `weights_sha256`, `_check_same_config`: what resuming and DDP runs compare.
 """
 from __future__ import annotations
@@ -30,18 +33,21 @@ import torch
 from torch import nn
 
 from ..errors import UnfoldformerError, UnverifiedFileWarning
+from ..runs import manifest_vouches, verify_manifest
 from ..utils import atomic_write_bytes, write_json
 from .config import RESUMABLE_CHANGES, ConfigError, TrainConfig
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "CheckpointError", "LoadedClassifier", "WEIGHTS_FORMAT",
-           "check_same_run", "load_classifier", "saved_run_id", "load_train_state",
+           "check_folder_config", "check_same_run", "folder_config", "load_classifier", "saved_run_id",
+           "load_train_state",
            "load_weights", "model_state", "restore_model_state", "save_train_state", "save_weights",
            "state_digests", "table_sha256", "tensor_sha256", "weights_sha256"]
 
 #: Version 2 adds checksums and the run id; version 1 (0.1.0) files are read unverified.
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "unfoldformer-train-state", 2
 READABLE_VERSIONS = (1, 2)
-VERIFIED, UNVERIFIED = "verified", "unverified (written by version 0.1.0, without checksums)"
+VERIFIED, UNVERIFIED = "verified", "unverified (no checksums; read because trust_unverified was given)"
+VOUCHED = "verified by the run folder's manifest (the file carries no checksums)"
 
 
 class CheckpointError(UnfoldformerError, RuntimeError):
@@ -93,9 +99,17 @@ def _verify(path: Path, stored: dict, actual: dict) -> None:
                               "so restore a copy or start the run over")
 
 
-def _unverified(path: Path) -> str:
-    warnings.warn(f"{path}: written by version 0.1.0 without checksums; read without an integrity check",
-                  UnverifiedFileWarning, stacklevel=3)
+def _unverified(path: Path, trust_unverified: bool) -> str:
+    """The integrity of a file without checksums: vouched for by its folder's manifest, trusted on request
+    (with a warning), or refused."""
+    if manifest_vouches(path):
+        return VOUCHED
+    if not trust_unverified:
+        raise CheckpointError(f"{path}: carries no checksums (written by version 0.1.0, or stripped) and no run-folder "
+                              "manifest vouches for it, so a change to it could not be detected; pass "
+                              "--trust-unverified (trust_unverified=True) to read it anyway")
+    warnings.warn(f"{path}: written by version 0.1.0 without checksums (or stripped of them); read without an "
+                  "integrity check, as asked (trust_unverified)", UnverifiedFileWarning, stacklevel=3)
     return UNVERIFIED
 
 
@@ -139,12 +153,13 @@ def save_weights(path: Path, model: nn.Module, cfg: TrainConfig, meta: dict, emb
         write_json(path.with_suffix(".json"), info)
 
 
-def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig, dict]:
+def load_weights(path: str | Path, *, trust_unverified: bool = False) -> tuple[dict[str, torch.Tensor], TrainConfig,
+                                                                               dict]:
     """(state dict, config, info) of a `.safetensors` weights file or a `checkpoint.pt` training state,
-    checksums verified; `info["integrity"]` says whether they were (files of 0.1.0 have none)."""
+    checksums verified; `info["integrity"]` says how (a file without checksums: see the module doc)."""
     path = Path(path)
     if path.suffix == ".pt":
-        state = load_train_state(path)
+        state = load_train_state(path, trust_unverified=trust_unverified)
         info = {"embedding_sha256": state["embedding_sha256"], "run_id": state.get("run_id"),
                 "integrity": state["integrity"]}
         return state["model"], TrainConfig.from_dict(state["config"]), info
@@ -169,7 +184,7 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], TrainConfig
         _verify(path, stored, actual)
         integrity = VERIFIED
     else:
-        integrity = _unverified(path)
+        integrity = _unverified(path, trust_unverified)
     try:
         info = json.loads(metadata["info"])
     except (KeyError, ValueError):
@@ -185,9 +200,10 @@ def save_train_state(path: Path, state: dict) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def load_train_state(path: Path) -> dict:
+def load_train_state(path: Path, *, trust_unverified: bool = False) -> dict:
     """Read a training state and verify its checksums; a missing, truncated, corrupt or foreign file
-    raises CheckpointError naming it and what failed. `state["integrity"]` says how it was checked."""
+    raises CheckpointError naming it and what failed. `state["integrity"]` says how it was checked
+    (a version-1 file has no checksums: see the module doc)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -201,7 +217,7 @@ def load_train_state(path: Path) -> dict:
         raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not one of "
                               f"{READABLE_VERSIONS} (written by another unfoldformer version?)")
     if state["version"] == 1:
-        return {**state, "integrity": _unverified(path)}
+        return {**state, "integrity": _unverified(path, trust_unverified)}
     stored = state.pop("checksums", None)
     if not isinstance(stored, dict):
         raise CheckpointError(f"{path}: corrupt: version {state['version']} checkpoint without its checksums")
@@ -263,6 +279,43 @@ class LoadedClassifier:
     label_names: tuple[str, ...] = ("negative", "positive")    # class index -> the data's label
 
 
+def folder_config(folder: Path) -> dict | None:
+    """The config.json of a run folder as a dict (None if absent); unreadable or truncated is an error."""
+    path = Path(folder) / "config.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise TypeError
+    except (OSError, ValueError, TypeError):
+        raise CheckpointError(f"{path}: unreadable (truncated or not JSON); the run's weights are checked against it, "
+                              "so restore it or load the weights from a folder without it") from None
+    return data
+
+
+def check_folder_config(path: Path, cfg: TrainConfig) -> None:
+    """CheckpointError if the config.json beside `path` disagrees with the config embedded in the weights. A
+    pretrained folder's config.json (`hub.py`, which pins the weights' sha256 and is checked there) is not a
+    run config and is left to the hub's check."""
+    from ..hub import FORMAT as PRETRAINED_FORMAT
+
+    data = folder_config(path.parent)
+    if data is None or data.get("format") == PRETRAINED_FORMAT:
+        return
+    where = path.parent / "config.json"
+    try:
+        saved = TrainConfig.from_dict(data)
+    except ConfigError as exc:
+        raise CheckpointError(f"{where}: not a valid run config ({exc})") from None
+    a, b = _flat(saved.to_dict()), _flat(cfg.to_dict())
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RESUMABLE_CHANGES)
+    if diff:
+        detail = ", ".join(f"{k}: {a.get(k)!r} in config.json, {b.get(k)!r} in the weights" for k in diff[:4])
+        raise CheckpointError(f"{where} disagrees with the config embedded in {path} ({detail}); one of them was "
+                              "edited or comes from another run")
+
+
 def saved_run_id(folder: Path) -> str | None:
     """The run id in `folder/config.json` (None if absent, unreadable, or written before run ids)."""
     try:
@@ -273,25 +326,33 @@ def saved_run_id(folder: Path) -> str | None:
 
 def check_same_run(path: Path, run_id: str | None) -> None:
     """CheckpointError if `path` and the config.json beside it were written by different runs."""
-    folder_run = saved_run_id(path.parent)
+    resolved = (folder_config(path.parent) or {}).get("resolved")
+    folder_run = resolved.get("run_id") if isinstance(resolved, dict) else None
     if run_id and folder_run and run_id != folder_run:
         raise CheckpointError(f"{path}: written by run {run_id}, but {path.parent / 'config.json'} by run "
                               f"{folder_run}: the folder mixes the files of two runs")
 
 
-def load_classifier(path: str | Path, data_dir: str | None = None) -> LoadedClassifier:
+def load_classifier(path: str | Path, data_dir: str | None = None, *, trust_unverified: bool = False
+                    ) -> LoadedClassifier:
     """Load `path` (a run folder: its `best.safetensors`; a `.safetensors` file; a `checkpoint.pt`).
 
-    Checksums are verified and the weights must come from the same run as the config.json beside
-    them. The embedding table is rebuilt from the saved `data.embeddings` (from `data_dir` or the
-    saved data folder for vocabularies built from data) and must match the sha256 stored with the weights.
+    The folder's manifest (if any) must match every file it pins; checksums are verified (a file
+    without them needs the manifest or `trust_unverified`); the weights must come from the same run
+    as the config.json beside them and agree with its config. The embedding table is rebuilt from the
+    saved `data.embeddings` (from `data_dir` or the saved data folder for vocabularies built from data)
+    and must match the sha256 stored with the weights.
     """
+    from ..contracts import check_path_given
     from .build import build_classifier, load_embeddings_for
+    check_path_given("the run folder or weights file", path)
     path = Path(path)
     if path.is_dir():
         path = path / "best.safetensors"
-    state, cfg, info = load_weights(path)
-    check_same_run(path, info.get("run_id"))
+    state, cfg, info = load_weights(path, trust_unverified=trust_unverified)   # the most specific checks first:
+    check_same_run(path, info.get("run_id"))                       # the tensor, the run, the setting that
+    check_folder_config(path, cfg)                                 # differs; then every file the run pinned
+    verify_manifest(path.parent)
     if data_dir is not None:
         cfg = cfg.replace(data__data_dir=str(data_dir))
     spec = cfg.data.embeddings

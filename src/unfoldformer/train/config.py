@@ -10,6 +10,11 @@ naming the key. OmegaConf does the merging and conversion because it is built fo
 The `model` section is the encoder's `ModelConfig` (fields left null take the preset of
 `model.kind`; fields that model does not use are refused) plus the classifier around it.
 `validate()` checks every setting and fails with a `ConfigError` *before any training*.
+
+Config files are read strictly (`config_files.py`): a value of the wrong JSON/YAML type (`"1"` for
+an integer) and a key given twice are refused, and a syntax error is one line naming the file, line
+and column. Sizes beyond 10⁶ (epochs, warmup/evaluation/checkpoint steps) are refused as typos unless
+`run.allow_large_sizes` is true; seeds must lie in [0, 2³² − 1]; empty paths are refused.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import PRESETS, ModelConfig, upgrade_peer_fields
+from ..contracts import check_path_given, check_seed
 from ..data.datasets import EVAL_SPLITS, LABELLED_SPLITS
 from ..errors import ConfigError
 from ..runs import check_device, check_output_location
@@ -33,6 +39,7 @@ __all__ = ["ConfigError", "DataSection", "EVAL_SPLITS", "KINDS", "ModelSection",
 
 #: model.kind -> (preset, tied)
 KIND_PRESETS = {"certified-tied": ("certified", True), "certified-untied": ("certified", False),
+                "certified-joint": ("certified-joint", True), "certified-joint-untied": ("certified-joint", False),
                 "paper": ("paper", None), "paper-as-released": ("paper-as-released", None),
                 "standard": ("standard", None), "energy-transformer": ("energy-transformer", None),
                 "crate": ("crate", None)}
@@ -120,13 +127,16 @@ class RunSection:
     deterministic: bool = False                # torch.use_deterministic_algorithms
     progress: bool = True                      # tqdm bars (rank 0)
     overwrite: bool = False                    # allow starting over in a folder that holds a run
+    allow_large_sizes: bool = False            # allow epochs / step counts beyond LARGE_SIZE (else: a typo)
 
 
 SECTIONS = ("model", "data", "optim", "run")
+#: Epochs or step counts beyond this are refused as typos unless run.allow_large_sizes is true.
+LARGE_SIZE = 10**6
 # Keys that may change between a run and its resumption.
 RESUMABLE_CHANGES = {"data.data_dir", "run.out_dir", "run.threads", "run.device", "run.progress",
-                     "run.checkpoint_every", "run.eval_batch_size", "run.overwrite", "data.download",
-                     "data.token_cache", "run.log_every", "run.tensorboard", "run.plots"}
+                     "run.checkpoint_every", "run.eval_batch_size", "run.overwrite", "run.allow_large_sizes",
+                     "data.download", "data.token_cache", "run.log_every", "run.tensorboard", "run.plots"}
 #: The splits of a run on your own files (`data.train_file`).
 FILE_SPLITS = ("train", "eval")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -154,23 +164,18 @@ class TrainConfig:
     def from_dict(cls, data: dict) -> TrainConfig:
         """Strict: unknown sections or keys, and values of the wrong type, raise ConfigError. The `resolved`
         key a run adds to its saved config is ignored; files written by version 0.1.0 are read too."""
+        _check_types(data, "config")
         return _merge(_upgrade({k: v for k, v in data.items() if k != "resolved"}))
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         """Read a `.json`, `.yaml` or `.yml` file."""
-        import yaml
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        from .config_files import read_config_file
+        check_path_given("the config file", path)
+        data = read_config_file(Path(path))
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of the sections {', '.join(SECTIONS)}")
+        _check_types(data, str(path))
         return cls.from_dict(data)
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
@@ -194,6 +199,7 @@ class TrainConfig:
         for key, value in values.items():
             section, _, name = key.partition("__")
             nested.setdefault(section, {})[name] = value
+        _check_types(nested, "TrainConfig.replace")                # Python values keep their type, as in a file
         return _merge(self.to_dict(), nested)
 
     # --- validation
@@ -234,6 +240,13 @@ class TrainConfig:
         if not self.model.input_map and width is not None and width != d_model:
             raise ConfigError(f"model.input_map=false needs model.d_model equal to the embedding width "
                               f"({self.data.embeddings}: {width}), got d_model={d_model}")
+        check_path_given("run.out_dir", self.run.out_dir)
+        check_path_given("data.data_dir", self.data.data_dir)
+        if self.data.embeddings.startswith("glove:"):
+            check_path_given("data.embeddings (glove:PATH)", self.data.embeddings[6:])
+        check_seed("optim.seed", self.optim.seed)
+        check_seed("data.embedding_seed", self.data.embedding_seed)
+        self._check_sizes()
         if check_output:
             check_device("run.device", self.run.device)
             check_output_location("run.out_dir", self.run.out_dir)
@@ -297,6 +310,19 @@ class TrainConfig:
             if split not in splits:
                 raise ConfigError(f"{name}={split!r} is not a labelled split of {d.dataset} ({', '.join(splits)})")
 
+    def _check_sizes(self) -> None:
+        """Epochs and step counts beyond LARGE_SIZE are typos unless run.allow_large_sizes says otherwise."""
+        if self.run.allow_large_sizes:
+            return
+        o, r = self.optim, self.run
+        sizes = {"optim.epochs": o.epochs, "optim.warmup": o.warmup if o.warmup >= 1 else 0,
+                 "run.eval_every": r.eval_every if isinstance(r.eval_every, int) else 0,
+                 "run.checkpoint_every": r.checkpoint_every}
+        for name, value in sizes.items():
+            if value > LARGE_SIZE:
+                raise ConfigError(f"{name}={value} is beyond {LARGE_SIZE:,} (a typo?); set run.allow_large_sizes "
+                                  "true to run it anyway")
+
     def _check_data(self) -> None:
         for name in ("train_file", "eval_file"):
             path = getattr(self.data, name)
@@ -325,6 +351,13 @@ class TrainConfig:
             typo = folder is not None and not Path(folder).expanduser().exists()
             fetch = "" if typo else "; or let train fetch it: --data.download true"
             raise ConfigError(f"data for data.dataset={self.data.dataset!r} is missing: {exc}{fetch}") from None
+
+
+def _check_types(data: dict, source: str) -> None:
+    """ConfigError for a value whose JSON/Python type differs from its field's (`config_files.check_file_types`)."""
+    from .config_files import check_file_types
+    check_file_types(data, source, {"model": ModelSection, "data": DataSection, "optim": OptimSection,
+                                    "run": RunSection})
 
 
 def _merge(*sources) -> TrainConfig:
@@ -359,6 +392,11 @@ def _dotlist(args: list[str]) -> list[str]:
             i += 2
         else:
             raise ConfigError(f"setting {arg} has no value")
+        key, _, value = out[-1].partition("=")
+        if not value.strip():                                     # OmegaConf would read it as null
+            if key.rsplit(".", 1)[-1] in ("out_dir", "data_dir", "embeddings"):
+                check_path_given(f"--{key}", value)
+            raise ConfigError(f"setting --{key} has an empty value; give one (null unsets an optional setting)")
     return out
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..contracts import NonFiniteResultError, first_non_finite
 from ..data import dataset_record, file_record
 from ..data.batching import TokenizedDataset, eval_batches, seeded_subset
 from ..descent import DescentCounts, descent_tolerance
@@ -91,9 +92,22 @@ def evaluate(model: nn.Module, ds: TokenizedDataset, batches: list[list[int]], m
         ids, mask, labels = ds.collate(batch, max_length, pad_id)
         ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
         logits, out = model(ids, mask, return_energies=energies and unfolded, safeguard=safeguard and unfolded)
+        _refuse_non_finite(batch, logits, out.energies)
         sums.add(logits, labels, out)
     model.train(was_training)
     return sums
+
+
+def _refuse_non_finite(batch: list[int], logits: torch.Tensor, energies: torch.Tensor | None) -> None:
+    """NonFiniteResultError naming the first example (its index in the split) with a NaN/inf logit or energy:
+    its loss or energy curve would be NaN, and a mean over it reports nothing true."""
+    for name, values in (("logits (so its loss)", logits), ("energy curve", energies)):
+        if values is None or bool(torch.isfinite(values).all()):
+            continue
+        row = int((~torch.isfinite(values)).flatten(1).any(1).nonzero()[0])
+        where, value = first_non_finite(values[row])
+        raise NonFiniteResultError(f"example {batch[row]} of the split: its {name} has {value} at {where}; a "
+                                   "non-finite loss or energy is not reported (are the weights damaged?)")
 
 
 def in_training_eval_batches(ds: TokenizedDataset, cfg: TrainConfig) -> list[list[int]]:
@@ -108,7 +122,7 @@ def in_training_eval_batches(ds: TokenizedDataset, cfg: TrainConfig) -> list[lis
 def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: str | None = None,
                         max_length: int | None = None, full_length: bool = False, batch_size: int | None = None,
                         energies: bool = True, safeguard: bool = False, max_examples: int | None = None,
-                        device: str = "cpu", progress: bool = False) -> dict:
+                        device: str = "cpu", progress: bool = False, trust_unverified: bool = False) -> dict:
     """Accuracy and energy-curve statistics of saved weights on a labelled split.
 
     `path`: a `.safetensors` file, a `checkpoint.pt`, or a run folder (its `best.safetensors`).
@@ -116,6 +130,8 @@ def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: st
     (`full_length=True`: no truncation). `safeguard`: whole-layer descent by backtracking.
     Sizes must be >= 1, the device present and the split labelled (ConfigError, before any data
     is read). The result names the weights, their run id and integrity, and the data file read.
+    `trust_unverified`: read weights without checksums that no run-folder manifest vouches for. A NaN or
+    infinite logit or energy raises `NonFiniteResultError` naming the example.
     """
     for name, value in (("max_length", max_length), ("batch_size", batch_size), ("max_examples", max_examples)):
         check_at_least(name, value, optional=True)
@@ -123,9 +139,9 @@ def evaluate_checkpoint(path: str | Path, data_dir: str | None = None, split: st
         raise ConfigError("max_length and full_length exclude each other")
     check_device("device", device)
     device = resolve_device(device)
-    loaded = load_classifier(path, data_dir=data_dir)
+    loaded = load_classifier(path, data_dir=data_dir, trust_unverified=trust_unverified)
     cfg, model = loaded.config, loaded.model.to(device)
-    split = split or cfg.eval_split
+    split = cfg.eval_split if split is None else split            # '' is refused below, not read as "default"
     splits = labelled_splits(cfg.data.dataset)
     if split not in splits:
         raise ConfigError(f"split {split!r} of {cfg.data.dataset} has no labels to evaluate against; labelled "

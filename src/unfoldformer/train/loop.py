@@ -25,10 +25,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..contracts import NonFiniteResultError
 from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
-from ..runs import folder_lock, new_run_id
+from ..runs import MANIFEST_NAME, folder_lock, new_run_id, write_manifest
 from ..utils import atomic_write_text, environment, write_json
 from .build import (
     _seed_all,
@@ -64,7 +65,7 @@ __all__ = ["RUN_FILES", "DistInfo", "Trainer", "TrainingDivergedError", "setup_d
 
 #: The files a run writes into `run.out_dir`.
 RUN_FILES = ("config.json", "checkpoint.pt", "best.safetensors", "best.json", "last.safetensors", "last.json",
-             "metrics.jsonl", "metrics.csv", "summary.json", *FIGURES)
+             "metrics.jsonl", "metrics.csv", "summary.json", *FIGURES, MANIFEST_NAME)
 
 
 class TrainingDivergedError(UnfoldformerError, FloatingPointError):
@@ -188,6 +189,7 @@ class Trainer:
         self._wall_base = self.state["wall_time"]
         self.log = None
         if self.dist.main:
+            (self.out / MANIFEST_NAME).unlink(missing_ok=True)     # the folder changes: no longer a finished run
             for stale in self.out.glob(".*.tmp"):                 # left by a process killed mid-write
                 stale.unlink(missing_ok=True)
             self._write_config()
@@ -275,7 +277,7 @@ class Trainer:
         other errors, the error passes unchanged."""
         try:
             yield
-        except ValueError as exc:
+        except (ValueError, NonFiniteResultError) as exc:           # a failed forward or a NaN evaluation
             finite = all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
             if finite and self.state["step"] == 0:
                 raise
@@ -288,8 +290,11 @@ class Trainer:
         last = "none yet" if self._last_loss is None else f"{self._last_loss:.4g}"
         saved = (f"the last checkpoint is {self.ckpt_path} (step {self._checkpointed})"
                  if self._checkpointed is not None else "no checkpoint was written yet")
+        clip = self.cfg.optim.grad_clip
+        advice = (f"lower optim.lr (now {lr:g}) or set optim.grad_clip" if clip is None else
+                  f"lower optim.lr (now {lr:g}) or optim.grad_clip (now {clip:g})")
         return TrainingDivergedError(f"training diverged at step {step}: {what}; last finite training loss "
-                                     f"{last}; {saved}; lower optim.lr (now {lr:g}) or set optim.grad_clip")
+                                     f"{last}; {saved}; {advice}")
 
     # --- evaluation and records
     def _record(self) -> None:
@@ -369,6 +374,7 @@ class Trainer:
             self.log.close()
             if self.cfg.run.plots:
                 plot_run(self.out)
+            write_manifest(self.out, "train", self.run_id, self.cfg.to_dict())   # last: pins every file
         return self._summary()
 
     def _summary(self) -> dict:

@@ -1,0 +1,136 @@
+"""Contracts shared by the configs, the public functions and the commands: one checker, one message.
+
+- `check_step(name, value, kind, rho=None, certified=True)`: a step size (attention α, anchored α,
+  F1 η, F2 α) finite and > 0, and, when `certified`, inside the range its theorem certifies
+  (`CERTIFIED_STEPS`, THEORY §3.1/§3.3/§3.4). `ModelConfig` and the step functions both call it,
+  so a value refused by one is refused by the other with the same message.
+- `check_positive(name, value)`: a finite number > 0 (λ, τ, c); `check_in_range`: finite, in (low, high].
+- `check_seed(name, seed)`: an integer in [0, 2³² − 1] (what numpy and torch accept).
+- `check_path_given(name, path)`: a path option that is not the empty string (`Path("")` is the
+  working directory, so an empty path would silently mean "here").
+- `NonFiniteResultError` and `first_non_finite` / `require_finite`: a NaN or ±inf loss, probability
+  or energy is refused, naming the sample and the quantity, never reported as a result.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from numbers import Real
+from typing import Any
+
+from .errors import ConfigError, UnfoldformerError
+
+__all__ = ["CERTIFIED_STEPS", "NonFiniteResultError", "certified_step_range", "check_in_range", "check_path_given",
+           "check_positive", "check_seed", "check_step", "first_non_finite", "require_finite"]
+
+SEED_MAX = 2**32 - 1
+
+#: kind -> (upper bound, whether it is included, what certifies it). Lower bound 0, excluded.
+CERTIFIED_STEPS = {
+    "anchored": (1.0, True, "anchored attention (THEORY §3.3)"),
+    "joint": (1.0, True, "the joint layer (THEORY §3.7)"),
+    "metric": (1.0, True, "Theorem A"),                 # (0, 2) for a PSD kernel: `certified_step_range`
+    "tied": (2.0, False, "the tied FFN (THEORY §3.4, F2)"),
+    "symmetric": (1.0, True, "the symmetric FFN with spec(W_F) ⊂ (−1, 1) (THEORY §3.4, F1)"),
+}
+
+
+class NonFiniteResultError(UnfoldformerError, ArithmeticError):
+    """A result (loss, probability, energy) that is NaN or infinite: refused rather than reported."""
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise ConfigError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    try:                                            # a float, an int, a 0-d tensor or a numpy scalar
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(f"{name} must be a single number, got {type(value).__name__} of several") from None
+
+
+def check_positive(name: str, value: Any) -> float:
+    """ConfigError unless `value` is a finite number > 0; returns it as a float."""
+    v = _number(name, value)
+    if not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"{name} must be a finite number > 0, got {v}")
+    return v
+
+
+def check_in_range(name: str, value: Any, low: float, high: float, *, high_closed: bool = True) -> float:
+    """ConfigError unless `value` is finite and low < value <= high (< high when not `high_closed`)."""
+    v = _number(name, value)
+    inside = math.isfinite(v) and low < v and (v <= high if high_closed else v < high)
+    if not inside:
+        raise ConfigError(f"{name} must lie in ({low:g}, {high:g}{']' if high_closed else ')'}, got {v}")
+    return v
+
+
+def certified_step_range(kind: str, psd_kernel: bool = False) -> tuple[float, bool, str]:
+    """(upper bound, included, what certifies it) of the step size of `kind`; the lower bound is 0, open."""
+    high, closed, source = CERTIFIED_STEPS[kind]
+    if kind == "metric" and psd_kernel:
+        return 2.0, False, source
+    return high, closed, source
+
+
+def check_step(name: str, value: Any, kind: str, rho=None, *, certified: bool = True) -> float:
+    """A step size of `kind` (anchored | metric | tied | symmetric): always a finite number > 0; with
+    `certified`, inside the range its theorem certifies (ConfigError naming `name`, the range and the
+    theorem; the message `ModelConfig` gives for the same value). `rho` (a `Rho`, metric attention only)
+    widens the metric range to (0, 2) for a PSD kernel. Returns the value as a float."""
+    v = check_positive(name, value)
+    if not certified:
+        return v
+    psd = bool(getattr(rho, "psd_kernel", False))
+    high, closed, source = certified_step_range(kind, psd)
+    if v > high or (v == high and not closed):
+        rng = f"(0, {high:g}{']' if closed else ')'}"
+        if kind == "metric":
+            rng += " for a PSD kernel" if psd else ""
+            source = f"{source} (rho={getattr(rho, 'name', rho)}, THEORY §3.1)"
+        raise ConfigError(f"{name}={v:g} is outside the certified range {rng} of {source}; pass "
+                          "certified=False to study it")
+    return v
+
+
+def check_seed(name: str, seed: Any) -> int:
+    """ConfigError unless `seed` is an integer in [0, 2³² − 1] (what numpy and torch accept)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ConfigError(f"{name} must be an integer in [0, 2**32 - 1], got {seed!r}")
+    return seed
+
+
+def check_path_given(name: str, path: Any) -> None:
+    """ConfigError for an empty (or all-blank) path: `Path('')` would silently mean the working directory."""
+    if path is not None and not str(path).strip():
+        raise ConfigError(f"{name} is empty; give a path (an empty path would mean the working directory)")
+
+
+# ----------------------------------------------------------------------------- non-finite results
+def _walk(obj: Any, path: str) -> Iterator[tuple[str, float]]:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _walk(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _walk(value, f"{path}[{i}]")
+    elif hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):    # tensors, numpy arrays and scalars
+        yield from _walk(obj.tolist(), path)
+    elif isinstance(obj, Real) and not isinstance(obj, bool):
+        yield path, float(obj)
+
+
+def first_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or ±inf number in a nested result (dicts, lists, tensors), else None."""
+    return next(((p, v) for p, v in _walk(obj, path) if not math.isfinite(v)), None)
+
+
+def require_finite(obj: Any, what: str, *, skip: tuple[str, ...] = ()) -> None:
+    """NonFiniteResultError naming `what` and the key path of the first NaN/inf number in `obj`;
+    keys in `skip` (top-level) are not looked at (values that are infinite by definition)."""
+    if isinstance(obj, dict) and skip:
+        obj = {k: v for k, v in obj.items() if k not in skip}
+    bad = first_non_finite(obj)
+    if bad is not None:
+        raise NonFiniteResultError(f"{what}: {bad[0] or 'the result'} is {bad[1]}; a non-finite result is not "
+                                   "reported (the weights or inputs give no finite value)")

@@ -1,0 +1,171 @@
+"""The joint layer: one MM step on the whole layer energy (THEORY §3.7).
+
+Layer energy, in the library's units (the anchored attention's E_A + λ⁻¹½‖Y − X‖², so that at γ = λ
+the alternating and the joint layer share one energy):
+
+    E(Y) = w E_A(Y) + λ⁻¹ (½‖Y − X‖² + γ E_H(Y)),   E_H = ½‖Y‖² − ½‖ReLU(Y W₁ + 1b)‖²,
+
+λ E is THEORY's λ'E_A + ½‖Y − X‖² + γE_H with λ' = wλ (w = 1, or 1/n per sample with
+`attention_norm="length"`). Both non-quadratic parts are majorised at the current state Y⁰: ρ concave
+gives the Laplacian quadratic of §3.1 with β_ij = ρ'(z_ij(Y⁰)); −½‖ReLU(Y W₁ + b)‖² is concave, so it
+lies below its tangent, −⟨R, Y − Y⁰⟩ with R = ReLU(Y⁰W₁ + b) W₁ᵀ (the tied FFN's output). The
+majoriser separates per head block c = Y U_h with Hessian νL + (1 + γ)I (ν_h = λ' s_h²), and the
+Jacobi step with P = νD + (1 + γ)I is
+
+    c_i⁺ = (1 − α) c_i + α (ν Σ_j β_ij c_j + x̃_i + γ r̃_i) / (ν d_i + 1 + γ),   d_i = Σ_j β_ij,
+
+which descends for α ∈ (0, 1] and any W₁, b, bases, scales, λ > 0, γ ≥ 0 (docs/theory.md, "Joint
+layer"). It is the anchored step of §3.3 with the anchor p = (x̃ + γ r̃)/(1 + γ) and ν/(1 + γ) in place
+of x̃ and ν, so the fused softmax pass (`steps.anchored_softmax_update`) computes it unchanged; other ρ
+go through the blocked kernel (`kernels.weighted_average`). Attention and FFN both read Y⁰.
+
+Energy curve: the step at Y⁽ᵗ⁾ computes the off-diagonal pass at Y⁽ᵗ⁾ (log S_i, hence E_A) and the
+hidden layer ReLU(Y⁽ᵗ⁾W̃ + b) (hence E_H), so E(Y⁽ᵗ⁾) costs only sums; a tied model's curve needs one
+more pass and hidden layer, at the last state (`JointStack.trial` carries them from layer to layer).
+The safeguard (`safeguard=True`) still works for this layer but never needs to backtrack: every
+full step already lowers E.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F_nn
+from torch import Tensor
+
+from . import energy as E
+from .kernels import weighted_average
+from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, _valid
+from .rho import get_rho
+from .rotated import RotatedStack, _Frame, _hidden, sample_log_nu
+from .softmax import AttentionPass
+from .steps import anchored_attention_step, anchored_softmax_update, head_values
+
+__all__ = ["JointCarry", "JointLayer", "JointStack"]
+
+
+class JointLayer(UnfoldedLayer):
+    """Anchored attention and the tied FFN as one MM step (module doc), in original coordinates.
+
+    The step size is `attention.alpha` (certified range (0, 1]); `gamma` (γ ≥ 0) weights the FFN term;
+    `ffn.alpha` is not used. The model runs this layer in its own basis (`JointStack`); this module is
+    the reference for it."""
+
+    def __init__(self, attention: AnchoredAttention, ffn: TiedFFN, gamma: float):
+        super().__init__(attention, ffn)
+        self.gamma = float(gamma)
+
+    def anchor_mix(self, X: Tensor, R: Tensor) -> Tensor:
+        """p = (X + γ R)/(1 + γ): the anchor of the equivalent anchored step."""
+        return X if self.gamma == 0 else torch.lerp(X, R, self.gamma / (1 + self.gamma))
+
+    def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
+        att, ffn = self.attention, self.ffn
+        R = F_nn.linear(torch.relu(F_nn.linear(Y, ffn.W1.T, ffn.b)), ffn.W1)        # (B, n, d) ReLU(YW1 + b)W1ᵀ
+        lam = att.sample_lam(_valid(Y, padding_mask))
+        return anchored_attention_step(Y, self.anchor_mix(X.to(Y.dtype), R), att.log_scale.exp(),
+                                       lam / (1 + self.gamma), att.rho, att.alpha * scale, padding_mask,
+                                       att.subspaces())
+
+    def traced(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0,
+               substeps: bool = True) -> LayerTrace:
+        """One step: no intermediate state (U = Y⁺, its terms those at Y⁺)."""
+        Y_new = self(Y, X, padding_mask, scale)
+        at_output = self.energy_terms(Y_new, X, padding_mask)
+        return LayerTrace(Y_new, Y_new, at_output if substeps else None, at_output)
+
+    def ffn_energy(self, Y: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """(γ/λ) E_H(Y), (B,) float64."""
+        return self.ffn.energy(Y, padding_mask) * (self.gamma / self.attention.lam)
+
+
+class JointCarry(NamedTuple):
+    """What a joint step at Y computes and the energy at Y reuses (ρ = exp: the off-diagonal pass)."""
+
+    attention: AttentionPass | None   # pass at Y (with its average); None for other ρ
+    hidden: Tensor                    # (B, n, m) ReLU(Ỹ W̃ + b)
+
+
+class JointStack(RotatedStack):
+    """The joint layers of `model` in rotated bases (`rotated.py`): the same frames, anchors and bases."""
+
+    def run(self) -> Tensor:
+        Y = self.start()
+        for ell in range(self.depth):
+            Y, _ = self._joint(self.frame(ell), Y, self.anchor(ell), self.valid, 1.0, None, None)
+            Y = self.advance(ell, Y)
+        return self.finish(Y)
+
+    def _joint(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, scale: float,
+               attention: AttentionPass | None, hidden: Tensor | None) -> tuple[Tensor, AttentionPass | None]:
+        """The joint step (α·scale) in the layer's basis from Y (B, n, d): (Y⁺, the pass it used).
+
+        `attention`, `hidden`: the pass and hidden layer at Y when already computed (ρ = exp: without a pass
+        the step takes the one with the diagonal, which gives no energy)."""
+        att, gamma = f.layer.attention, f.layer.gamma
+        alpha = att.alpha * scale
+        hidden = _hidden(Y, f) if hidden is None else hidden        # (B, n, m)
+        P = f.layer.anchor_mix(Xr, F_nn.linear(hidden, f.W))        # (B, n, d) (x̃ + γ r̃)/(1 + γ), r̃ = h W̃ᵀ
+        log_nu = sample_log_nu(f, valid) - math.log1p(gamma)        # (H,) or (B, 1, H): log(ν/(1 + γ))
+        B, n, d = Y.shape
+        H = att.H
+        if self.exp:
+            C, Pc = Y.view(B, n, H, d // H), P.view(B, n, H, d // H)   # (B, n, H, dh) views
+            U, attention = anchored_softmax_update(C, Pc, f.scales, log_nu, valid, alpha, attention)
+            return U.reshape(B, n, d), attention
+        C = Y.view(B, n, H, d // H).transpose(1, 2)                 # (B, H, n, dh)
+        Pc = P.view(B, n, H, d // H).transpose(1, 2)                # (B, H, n, dh)
+        num, deg = weighted_average(f.scales[None, :, None, None] * C, C, valid, get_rho(att.rho))
+        nu = log_nu.exp().reshape(-1, H)[:, :, None, None] if log_nu.dim() > 1 else log_nu.exp()[:, None, None]
+        target = (nu * num + Pc) / (nu * deg + 1)                   # (B, H, n, dh)
+        U = target if alpha == 1 else torch.lerp(C, target, float(alpha))
+        return U.transpose(1, 2).reshape(B, n, d), None
+
+    def _carry(self, f: _Frame, Y: Tensor, valid: Tensor) -> JointCarry:
+        return JointCarry(self._pass(f, Y, valid, average=True), _hidden(Y, f))
+
+    def _joint_terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, carry: JointCarry | None) -> EnergyTerms:
+        """E_ℓ's terms at Y from the pass and hidden layer at Y (None: computed): (w E_A + λ⁻¹½‖Y − X‖², (γ/λ) E_H)."""
+        terms = self._terms(f, Y, Xr, valid, *((None, None) if carry is None else carry))
+        return EnergyTerms(terms.attention, terms.ffn * (f.layer.gamma / f.layer.attention.lam))
+
+    def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry: JointCarry | None, scale: float,
+              substeps: bool, need_input: bool) -> LayerTrace:
+        """Layer ℓ at step scale `scale` on `rows` (None: all) of Y, with E_ℓ at Y⁺ (and at Y: `need_input`).
+
+        `carry`: pass and hidden layer at Y (reused); the trace's `output_pass` carries those at Y⁺ when the
+        next layer is the same (tied), so every state's pass and hidden layer are computed once."""
+        f = self.frame(ell)
+        Xr = self.anchor(ell) if rows is None else self.anchor(ell)[rows]
+        valid = self.valid if rows is None else self.valid[rows]
+        carry = self._carry(f, Y, valid) if carry is None else carry
+        Y_new, _ = self._joint(f, Y, Xr, valid, scale, carry.attention, carry.hidden)
+        reuse = self.tied and ell < self.depth - 1                  # the next step starts from Y_new
+        out = JointCarry(self._pass(f, Y_new, valid, average=reuse), _hidden(Y_new, f))
+        if self.exact:                                              # the safeguard's float64 evaluations
+            f64, X64 = self.frame64(ell), Xr.double()
+            terms = lambda Z: self._joint_terms(f64, Z.double(), X64, valid, None)   # noqa: E731
+            at_input, at_output = terms(Y) if need_input else None, terms(Y_new)
+        else:
+            at_input = self._joint_terms(f, Y, Xr, valid, carry) if need_input else None
+            at_output = self._joint_terms(f, Y_new, Xr, valid, out)
+        return LayerTrace(Y_new, Y_new, at_output if substeps else None, at_output, at_input, carry,
+                          out if reuse else None)
+
+
+def joint_energy_reference(Y: Tensor, X: Tensor, layer: JointLayer, padding_mask: Tensor | None) -> Tensor:
+    """The joint layer's energy from `energy.py` alone, in float64 (original coordinates): (B,)."""
+    att, ffn = layer.attention, layer.ffn
+    Yd, Xd = Y.double(), X.double()
+    factors = att.factors().double()
+    e_attention = E.attention_energy(Yd, factors, att.rho, padding_mask, method="gram")
+    if att.length_norm:
+        e_attention = e_attention / _valid(Y, padding_mask).sum(1).clamp_min(1).double()
+    e_ffn = E.tied_ffn_energy(Yd, ffn.W1.double(), ffn.b.double(), padding_mask)
+    return e_attention + (E.anchor_energy(Yd, Xd, padding_mask) + layer.gamma * e_ffn) / att.lam
+
+
+def head_coordinates(Y: Tensor, layer: JointLayer) -> Tensor:
+    """Y's coordinates per head (B, H, n, dh) in the layer's basis."""
+    return head_values(Y, layer.attention.H, layer.attention.subspaces())
