@@ -21,12 +21,20 @@
     subprocess as the peak resident set size (VmHWM, reset just before the call) minus the
     resident size with the input in memory. Target < 1 GiB.
 
-Usage: python benchmarks/energy_speed.py [--samples 200] [--repeats 5] [--quick] [--only-joint] [--json FILE]
+(e) `--peak`: (b) again at 1 and 2 threads (alternated, wall time, medians), beside a large float32
+    and float64 matmul in the same process (the machine's matmul peak at that thread count): each
+    energy path's arithmetic rate as a fraction of the peak of its dtype. Counted FLOPs: the feature
+    products 2·N·d² of the N real tokens (one d × d map for all heads) and one product per pair,
+    2·Σ_b n_b²·(d + H) (the logits of every real pair, widths d/H + 1 per head); the fused kernel's
+    second product (its values) is not counted, so the fractions are lower bounds of the work done.
+
+Usage: python benchmarks/energy_speed.py [--samples 200] [--repeats 5] [--quick] [--peak] [--only-joint] [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -231,19 +239,88 @@ def bench_d(n: int = 8192, d: int = 384) -> dict:
     return {"n": n, "d": d, "peak_bytes_above_input": int(out.stdout.strip().splitlines()[-1])}
 
 
+def matmul_peak(dtype: torch.dtype, size: int = 2048, rounds: int = 5) -> float:
+    """FLOP/s of a size × size matmul in `dtype` at the current thread count (median of `rounds`)."""
+    a = torch.randn(size, size, dtype=dtype)
+    a @ a
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / statistics.median(times)
+
+
+def bench_peak(threads: list[int], rounds: int, k: int = 30, d: int = 300, heads: int = 1) -> dict:
+    """(b) at each thread count with the matmul peak beside it (module doc, (e)); wall-time medians."""
+    torch.manual_seed(0)
+    lengths = imdb_like_lengths(200)[:k]
+    seqs = [torch.randn(n, d, dtype=torch.float64) * 0.3 for n in lengths]
+    F = torch.randn(d, d, dtype=torch.float64) / d**0.5
+    Y, pad = padded(seqs)
+    flop = 2 * sum(lengths) * d * d + 2 * sum(n * n for n in lengths) * (d + heads)
+    paths = {"fused (float64)": lambda: attention_energy(Y, F, "exp", pad),
+             "gram (float64)": lambda: attention_energy(Y, F, "exp", pad, method="gram")}
+    out: dict = {"flop": flop, "real_tokens": sum(lengths), "shape": list(Y.shape), "load_1min": [os.getloadavg()[0]]}
+    times: dict = {(t, p): [] for t in threads for p in [*paths, "peak float32", "peak float64"]}
+    for _ in range(rounds):
+        for t in threads:
+            torch.set_num_threads(t)
+            times[t, "peak float32"].append(matmul_peak(torch.float32, rounds=3))
+            times[t, "peak float64"].append(matmul_peak(torch.float64, rounds=3))
+            for name, fn in paths.items():
+                t0 = time.perf_counter()
+                fn()
+                times[t, name].append(time.perf_counter() - t0)
+    for t in threads:                                                   # the reference once per thread count
+        torch.set_num_threads(t)
+        t0 = time.perf_counter()
+        for y in seqs:
+            pairwise_reference(y, F)
+        times[t, "reference"] = [time.perf_counter() - t0]
+    out["load_1min"].append(os.getloadavg()[0])
+    out["per_threads"] = {str(t): {p: statistics.median(v) for (tt, p), v in times.items() if tt == t}
+                          for t in threads}
+    return out
+
+
+def print_peak(res: dict) -> None:
+    print(f"(e) one padded batch {' × '.join(map(str, res['shape']))} ({res['real_tokens']:,} real tokens), "
+          f"{res['flop'] / 1e9:.2f} GFLOP counted; wall-time medians; 1-minute load "
+          f"{res['load_1min'][0]:.1f} → {res['load_1min'][1]:.1f}")
+    print("| threads | path | time | vs reference | GFLOP/s | of float64 peak | of float32 peak |")
+    print("|---|---|---|---|---|---|---|")
+    for t, r in res["per_threads"].items():
+        p32, p64 = r["peak float32"], r["peak float64"]
+        print(f"| {t} | matmul peak | – | – | {p32 / 1e9:.0f} (float32), {p64 / 1e9:.0f} (float64) | – | – |")
+        print(f"| {t} | pair-difference reference | {r['reference']:.2f} s | 1× | – | – | – |")
+        for name in ("fused (float64)", "gram (float64)"):
+            rate = res["flop"] / r[name]
+            print(f"| {t} | {name} | {r[name]:.3f} s | {r['reference'] / r[name]:.0f}× | {rate / 1e9:.1f} | "
+                  f"{100 * rate / p64:.0f} % | {100 * rate / p32:.0f} % |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="30 samples, 2 repeats")
+    parser.add_argument("--peak", action="store_true", help="only (e): (b) at 1 and 2 threads against the matmul peak")
     parser.add_argument("--json", default=None, help="also write the raw numbers to this file")
     parser.add_argument("--only-joint", action="store_true", help="only (c'), the joint model's curve overhead")
     args = parser.parse_args()
     if args.quick:
         args.samples, args.repeats = 30, 2
-    torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
+    if args.peak:
+        res = bench_peak([1, 2], args.repeats)
+        print_peak(res)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"e": res}, fh, indent=2)
+        return
+    torch.set_num_threads(args.threads)
     yes = lambda ok: "yes" if ok else "no"                              # noqa: E731
     joint = bench_joint(args.repeats)
     joint_row = (f"| (c') `return_energies=True`, 12-layer certified-joint, B=32 n=128 d=384: "

@@ -1,6 +1,7 @@
 """Attention-step speed and memory for every ρ against the softmax (exp) step, side by side.
 
-One sequence (B = 1) of n tokens, d = 128, 4 heads (head width 32), float32, one thread. Two steps:
+One sequence (B = 1) of n tokens, d = 128, 4 heads (head width 32), float32, at 1 and 2 threads
+(`--threads`, alternated in the same process). Two steps:
 
 - `anchored`: `anchored_attention_step`, the certified model's attention (exp: one fused
   `scaled_dot_product_attention` call; other ρ: the blocked kernel `unfoldformer.kernels`);
@@ -9,20 +10,26 @@ One sequence (B = 1) of n tokens, d = 128, 4 heads (head width 32), float32, one
 
 each as a forward pass (no autograd) and as forward + backward (gradients of Y and the head
 scales). `log (dense)` is the reference path with the dense n × n weights (`use_sdpa=False`), as
-every ρ ≠ exp ran before the blocked kernel. All variants run in one process, in turn, round
-after round (so each sees the same machine state); reported: the median CPU time of the thread
-(`time.thread_time`, insensitive to other processes) over the rounds, its ratio to exp, and the
+every ρ ≠ exp ran before the blocked kernel. All variants and thread counts run in one process, in
+turn, round after round (so each sees the same machine state), flush-denormal on; reported: the
+median wall time over the rounds (wall, not CPU time: the blocked kernel runs on worker threads,
+`unfoldformer.blockpool`), its ratio to exp at the same thread count, the 1-minute load average, and the
 peak memory above the input: the peak resident set size (VmHWM, reset just before the call)
 minus the resident size before it, with glibc's mmap threshold fixed at 64 KiB so that freed
 blocks return to the system and the resident size follows live memory (Linux only).
 
-    python benchmarks/rho_speed.py [--lengths 64 256 1024 4096] [--rounds 5] [--json FILE]
+`--busy` starts a single-thread matmul loop in another process for the whole run (a machine whose
+cores are shared with other work).
+
+    python benchmarks/rho_speed.py [--lengths 64 256 1024 4096] [--threads 1 2] [--busy] [--rounds 5] [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,44 +95,56 @@ def make_call(kind: str, rho: str, backward: bool, n: int):
     return call
 
 
-def measure(n: int, rounds: int, rhos: list[str], dense_backward_max: int) -> dict:
-    out: dict = {}
+BUSY = "import torch\ntorch.set_num_threads(1)\na = torch.randn(1024, 1024)\nwhile True:\n    a @ a\n"
+
+
+def measure(n: int, rounds: int, rhos: list[str], dense_backward_max: int, threads: list[int]) -> dict:
+    """{threads: {step/pass: {ρ: cell}}}: wall-time medians, variants and thread counts alternated."""
+    out: dict = {str(t): {} for t in threads}
     for kind in ("anchored", "metric"):
         for backward in (False, True):
             names = list(rhos) + ([DENSE] if not backward or n <= dense_backward_max else [])
             calls = {r: make_call(kind, r, backward, n) for r in names}
-            for call in calls.values():                               # warm-up
-                call()
-            times: dict[str, list[float]] = {r: [] for r in calls}
-            for _ in range(rounds):
-                for r, call in calls.items():
-                    start = time.thread_time()
+            for t in threads:                                         # warm-up
+                torch.set_num_threads(t)
+                for call in calls.values():
                     call()
-                    times[r].append(time.thread_time() - start)
+            times: dict = {(t, r): [] for t in threads for r in calls}
+            for _ in range(rounds):
+                for t in threads:
+                    torch.set_num_threads(t)
+                    for r, call in calls.items():
+                        start = time.perf_counter()
+                        call()
+                        times[t, r].append(time.perf_counter() - start)
             key = f"{kind}/{'forward+backward' if backward else 'forward'}"
-            out[key] = {r: {"time_s": statistics.median(t), "times_s": t, "peak_bytes": peak_bytes(calls[r])}
-                        for r, t in times.items()}
+            for t in threads:
+                torch.set_num_threads(t)
+                out[str(t)][key] = {r: {"time_s": statistics.median(times[t, r]), "times_s": times[t, r],
+                                        "peak_bytes": peak_bytes(calls[r])} for r in calls}
     return out
 
 
-def render(results: dict, lengths: list[int]) -> str:
+def render(results: dict, lengths: list[int], threads: list[int]) -> str:
     lines = []
-    for key in results[str(lengths[0])]:
-        lines += [f"**{key}** (median CPU time; ratio to exp; peak memory above the input)", "",
-                  "| ρ | " + " | ".join(f"n = {n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
-        names = list(dict.fromkeys(r for n in lengths for r in results[str(n)][key]))
-        for r in names:
-            cells = []
-            for n in lengths:
-                cell = results[str(n)][key].get(r)
-                if cell is None:
-                    cells.append("–")
-                    continue
-                ratio = cell["time_s"] / results[str(n)][key]["exp"]["time_s"]
-                mem = "" if cell["peak_bytes"] is None else f", {cell['peak_bytes'] / 2**20:.0f} MiB"
-                cells.append(f"{1e3 * cell['time_s']:.1f} ms ({ratio:.2f}×{mem})")
-            lines.append(f"| {r} | " + " | ".join(cells) + " |")
-        lines.append("")
+    for t in threads:
+        for key in results[str(lengths[0])][str(t)]:
+            lines += [f"**{key}, {t} thread(s)** (median wall time; ratio to exp; peak memory above the input)", "",
+                      "| ρ | " + " | ".join(f"n = {n}" for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+            names = list(dict.fromkeys(r for n in lengths for r in results[str(n)][str(t)][key]))
+            for r in names:
+                cells = []
+                for n in lengths:
+                    table = results[str(n)][str(t)][key]
+                    cell = table.get(r)
+                    if cell is None:
+                        cells.append("–")
+                        continue
+                    ratio = cell["time_s"] / table["exp"]["time_s"]
+                    mem = "" if cell["peak_bytes"] is None else f", {cell['peak_bytes'] / 2**20:.0f} MiB"
+                    cells.append(f"{1e3 * cell['time_s']:.1f} ms ({ratio:.2f}×{mem})")
+                lines.append(f"| {r} | " + " | ".join(cells) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -134,25 +153,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024, 4096])
     p.add_argument("--rhos", nargs="+", choices=RHOS, default=list(RHOS))
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--busy", action="store_true", help="run a single-thread matmul loop in another process")
     p.add_argument("--dense-backward-max", type=int, default=1024,
                    help="longest n at which the dense reference also runs forward + backward (it stores n × n)")
     p.add_argument("--json", default=str(RESULTS), help="where to write the measurements")
     args = p.parse_args(argv)
     if "exp" not in args.rhos:
         p.error("--rhos must include exp (the ratios are to it)")
-    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
     mmap_fixed = fix_mmap_threshold()
-    results = {}
-    for n in args.lengths:
-        print(f"n = {n} ...", file=sys.stderr, flush=True)
-        results[str(n)] = measure(n, args.rounds, args.rhos, args.dense_backward_max)
-    print(render(results, args.lengths))
-    print(f"B = 1, d = {D_MODEL}, {HEADS} heads, float32, {args.threads} thread(s), {args.rounds} rounds; "
-          f"{environment()}")
+    busy = subprocess.Popen([sys.executable, "-c", BUSY]) if args.busy else None
+    results, loads = {}, []
+    try:
+        for n in args.lengths:
+            print(f"n = {n} ...", file=sys.stderr, flush=True)
+            loads.append(os.getloadavg()[0])
+            results[str(n)] = measure(n, args.rounds, args.rhos, args.dense_backward_max, args.threads)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    print(render(results, args.lengths, args.threads))
+    print(f"B = 1, d = {D_MODEL}, {HEADS} heads, float32, threads {args.threads} (alternated), {args.rounds} rounds, "
+          f"{'with' if args.busy else 'without'} a busy process, 1-minute load average "
+          f"{min(loads):.1f}–{max(loads):.1f}; {environment()}")
     write_json(args.json, {"setting": {"batch": 1, "d_model": D_MODEL, "heads": HEADS, "dtype": "float32",
-                                       "threads": args.threads, "rounds": args.rounds,
-                                       "mmap_threshold_fixed": mmap_fixed},
+                                       "threads": args.threads, "rounds": args.rounds, "busy": args.busy,
+                                       "load_average_1min": loads, "mmap_threshold_fixed": mmap_fixed},
                            "results": results, "machine": environment()})
     return 0
 

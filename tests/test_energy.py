@@ -191,3 +191,18 @@ def test_bad_masks_and_rho_names():
         E.attention_energy(Y, F, "exp", torch.zeros(3, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="valid names: exp, log"):
         E.attention_energy(Y, F, "gauss")
+
+
+@pytest.mark.parametrize("bad,finite", [(None, True), (float("nan"), False), (float("inf"), False),
+                                        (-float("inf"), False), ("both", False), ("overflow", True)])
+def test_all_finite_is_the_elementwise_test(bad, finite):
+    """The one-sum shortcut agrees with isfinite(t).all(): NaN and ±Inf entries (also +Inf with −Inf,
+    whose sum is NaN) are caught, and finite entries whose sum overflows still count as finite."""
+    t = torch.ones(3, 50, 4)
+    if bad == "both":
+        t[0, 1, 2], t[2, 3, 1] = float("inf"), -float("inf")
+    elif bad == "overflow":
+        t = torch.full((3, 50, 4), 3e38)                                # float32: the sum is +Inf
+    elif bad is not None:
+        t[1, 7, 3] = bad
+    assert E.all_finite(t) is finite is bool(torch.isfinite(t).all())

@@ -231,3 +231,51 @@ def test_certified_steps_descend_for_every_rho(name, c, k, alpha_share, alpha, l
 
     anchored = S.anchored_attention_step(Y, X, scales, lam, rho, alpha, pad, U)
     assert not rises(energy(Y), energy(anchored)).any()
+
+
+# ----------------------------------------------------------------------------- worker threads (blockpool)
+def _sums_and_grads(a, values, rho, chunk):
+    a, values = a.clone().requires_grad_(True), values.clone().requires_grad_(True)
+    out = K.kernel_sums(a, values, rho, chunk_size=chunk)
+    grads = torch.autograd.grad(out, (a, values), torch.ones_like(out).cumsum(-2))
+    return [out.detach(), *grads]
+
+
+@pytest.mark.parametrize("name", ["log", "custom"])
+def test_blocks_on_workers_equal_the_serial_loop_exactly(name):
+    """At 2 threads the blocks run on single-threaded workers in any order; every block writes its own rows
+    with the same single-threaded operations as the 1-thread loop, so the results are bitwise equal."""
+    import threading
+
+    rho = resolve(name)
+    g = torch.Generator().manual_seed(11)
+    a, values = torch.randn(2, 3, 200, 6, generator=g), torch.randn(2, 3, 200, 7, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = _sums_and_grads(a, values, rho, 7)
+        torch.set_num_threads(2)
+        pooled = _sums_and_grads(a, values, rho, 7)
+        assert any(t.name == "unfoldformer-block" for t in threading.enumerate())
+    finally:
+        torch.set_num_threads(threads)
+    for x, y in zip(serial, pooled):
+        assert torch.equal(x, y)
+
+
+def test_worker_errors_reach_the_caller():
+    from unfoldformer.blockpool import run_blocks
+
+    def step(_, s, e):
+        if s >= 8:
+            raise RuntimeError("block failed")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(RuntimeError, match="block failed"):
+            run_blocks(32, 4, step)
+        seen = []
+        run_blocks(32, 4, lambda _, s, e: seen.append((s, e)))        # the pool still works after an error
+        assert sorted(seen) == [(s, s + 4) for s in range(0, 32, 4)]
+    finally:
+        torch.set_num_threads(threads)

@@ -36,6 +36,12 @@ _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
 
 # ----------------------------------------------------------------------------- checks
+def all_finite(t: Tensor) -> bool:
+    """Whether every entry of t is finite: one sum (a NaN or ±Inf entry makes it non-finite, so a finite sum
+    proves it) and the elementwise test only when the sum is not finite (an overflow of finite entries)."""
+    return bool(torch.isfinite(t.detach().sum())) or bool(torch.isfinite(t).all())
+
+
 def check_states(Y: Tensor, padding_mask: Tensor | None = None, *, name: str = "Y",
                  check_finite: bool = True) -> Tensor:
     """Validate a (B, n, d) floating tensor and return the validity mask (B, n), True = real token."""
@@ -50,7 +56,7 @@ def check_states(Y: Tensor, padding_mask: Tensor | None = None, *, name: str = "
     B, n, d = Y.shape
     if n == 0 or d == 0:
         raise ValueError(f"{name} has an empty dimension: shape {tuple(Y.shape)} (need n >= 1 and d >= 1)")
-    if check_finite and not torch.isfinite(Y).all():
+    if check_finite and not all_finite(Y):
         raise ValueError(f"{name} contains NaN or Inf values")
     if padding_mask is None:
         return torch.ones(B, n, dtype=torch.bool, device=Y.device)
@@ -81,7 +87,7 @@ def check_factors(factors: Tensor, d: int) -> Tensor:
         raise ValueError(f"factors must have shape (H, k, d) or (k, d); got {tuple(factors.shape)}")
     if factors.shape[-1] != d:
         raise ValueError(f"factors act on d={factors.shape[-1]} features but Y has d={d}")
-    if not torch.isfinite(factors).all():
+    if not all_finite(factors):
         raise ValueError("factors contain NaN or Inf values")
     return factors
 

@@ -12,9 +12,12 @@ real keys only (`weighted_average`), so no mask pass over the n × n weights is 
 Cost and memory. Distances come from one matrix product per block, z = ½‖a_i‖² + ½‖a_j‖² − a_i·a_j, of
 augmented rows [−a_i, ½‖a_i‖², 1] and columns [a_j, 1, ½‖a_j‖²] (never the O(n²·k) pair differences);
 ρ' is applied in place (`Rho.derivative_inplace` for the built-in family); queries run in blocks of
-`chunk` rows, so the working set is
-O(B·H·chunk·n), never the n × n matrix of a head. The backward pass recomputes each block's
-weights from the saved inputs (O(n·k) memory) and uses ρ'' (`Rho.curvature`, else autograd of ρ').
+`chunk` rows, so the working set is O(T·B·H·chunk·n) for T threads, never the n × n matrix of a head.
+At T > 1 the blocks run on T single-threaded workers (`blockpool.run_blocks`: no parallel region per
+step, robust when cores are shared), each block writing only its own rows, so the result does not
+depend on T or on the scheduling. The backward pass recomputes each block's
+weights from the saved inputs (O(n·k) memory) and uses ρ'' (`Rho.curvature`, else autograd of ρ');
+K and z are symmetric, so it too writes only the block's rows (no accumulation across blocks).
 A constant kernel (ρ = z) needs no pairs at all: S_i = ρ'(0) Σ_j v_j.
 
 Precision: sums run in the inputs' dtype, as the softmax path does; energies (which the certified
@@ -26,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .blockpool import run_blocks
 from .rho import Rho
 from .softmax import PRECISION_TARGET, logit_error_bound
 
@@ -71,18 +75,22 @@ def _curvature(rho: Rho, z: Tensor) -> Tensor:
 
 
 class _KernelSums(torch.autograd.Function):
-    """S = K V with K_ij = ρ'(½‖a_i − a_j‖²), blockwise; a (G, n, k), V (G, n, m) -> (G, n, m)."""
+    """S = K V with K_ij = ρ'(½‖a_i − a_j‖²), blockwise; a (G, n, k), V (G, n, m) -> (G, n, m).
+
+    Every block writes only its own rows (forward and backward: K is symmetric), so the blocks run on
+    `blockpool.run_blocks`' single-threaded workers in any order with the same result."""
 
     @staticmethod
     def forward(ctx, a: Tensor, V: Tensor, rho: Rho, rows: int) -> Tensor:
         G, n, _ = a.shape
         queries, keys = _augmented(a)                                # (G, n, k + 2), (G, k + 2, n)
         out = V.new_empty(G, n, V.shape[-1])                         # (G, n, m)
-        block = a.new_empty(G, rows, n)                              # (G, c, n) reused by every block
-        for s in range(0, n, rows):
-            e = min(n, s + rows)
+
+        def step(block: Tensor, s: int, e: int) -> None:            # block (G, c, n) reused by a worker
             w = _kernel(rho, _block_distances(queries, keys, s, e, block[:, :e - s]))   # (G, c, n)
             torch.bmm(w, V, out=out[:, s:e])
+
+        run_blocks(n, rows, step, lambda: a.new_empty(G, rows, n))
         ctx.save_for_backward(a, V)
         ctx.rho, ctx.rows = rho, rows
         return out
@@ -90,23 +98,24 @@ class _KernelSums(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        """dV = Kᵀ G_S; dK_ij = G_S,i · v_j; dz = dK ρ''(z); da_i = Σ_j (dz_ij + dz_ji)(a_i − a_j)."""
+        """Per query block, with dz_ij = (g_i·v_j) ρ''(z_ij) and K, z symmetric:
+        dV_i = Σ_j K_ij g_j; da_i = Σ_j (dz_ij + dz_ji)(a_i − a_j), dz_ji = (v_i·g_j) ρ''(z_ij)."""
         a, V = ctx.saved_tensors
         rho, rows = ctx.rho, ctx.rows
-        G, n, _ = a.shape
+        n = a.shape[1]
         queries, keys = _augmented(a)                                # (G, n, k + 2), (G, k + 2, n)
-        grad_a, grad_V = torch.zeros_like(a), torch.zeros_like(V)    # (G, n, k), (G, n, m)
-        col_sums = a.new_zeros(G, n)                                 # Σ_i dz_ij per key j
-        for s in range(0, n, rows):
-            e = min(n, s + rows)
+        grad_out = grad_out.contiguous()                             # (G, n, m)
+        grad_a, grad_V = torch.empty_like(a), torch.empty_like(V)    # (G, n, k), (G, n, m)
+        V_t, g_t = V.transpose(1, 2), grad_out.transpose(1, 2)       # (G, m, n)
+
+        def step(_: None, s: int, e: int) -> None:
             z = _block_distances(queries, keys, s, e)                # (G, c, n)
-            g = grad_out[:, s:e]                                     # (G, c, m)
-            dz = torch.bmm(g, V.transpose(1, 2)).mul_(_curvature(rho, z))   # (G, c, n) dL/dz
-            grad_V.baddbmm_(_kernel(rho, z).transpose(1, 2), g)      # Kᵀ G_S
-            grad_a[:, s:e].addcmul_(dz.sum(-1, keepdim=True), a[:, s:e]).baddbmm_(dz, a, alpha=-1.0)
-            col_sums += dz.sum(1)
-            grad_a.baddbmm_(dz.transpose(1, 2), a[:, s:e], alpha=-1.0)
-        grad_a += col_sums[..., None] * a
+            dz = torch.bmm(grad_out[:, s:e], V_t).baddbmm_(V[:, s:e], g_t)   # (G, c, n) g_i·v_j + v_i·g_j
+            dz.mul_(_curvature(rho, z))                              # dz_ij + dz_ji
+            torch.bmm(_kernel(rho, z), grad_out, out=grad_V[:, s:e])   # K symmetric: Kᵀ G_S rows
+            torch.baddbmm(dz.sum(-1, keepdim=True) * a[:, s:e], dz, a, alpha=-1.0, out=grad_a[:, s:e])
+
+        run_blocks(n, rows, step)
         return grad_a, grad_V, None, None
 
 

@@ -22,8 +22,11 @@ their rows are finite) and ignored by every caller.
 
 On CPU (float32, float64) the pass is PyTorch's fused flash-attention kernel, which stores no n×n
 weights and returns the row log-sum-exp; `_FusedSoftmax` makes that log-sum-exp differentiable (its
-gradient enters the kernel's backward through a spare value column). Elsewhere the same quantities
-come from explicit logits, differentiated by autograd.
+gradient enters the kernel's backward through a spare value column). On CUDA (float32, float16,
+bfloat16) it is PyTorch's memory-efficient kernel (`_scaled_dot_product_efficient_attention` with
+its log-sum-exp, the additive mask as its bias; `_EfficientSoftmax`, the same spare-column trick).
+Elsewhere (float64 on CUDA, other devices) the same quantities come from explicit logits,
+differentiated by autograd. `pass_kind` says which path a call takes.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["AttentionPass", "MASKED", "PRECISION_TARGET", "attention_pass", "key_bias", "logit_error_bound",
-           "mass_energy", "masked_logit", "softmax_with_lse"]
+           "mass_energy", "masked_logit", "pass_kind", "softmax_with_lse"]
 
 MASKED = -1e30               # logit of a masked pair: e^{MASKED − max} is exactly 0 in float32 and float64
 
@@ -44,6 +47,8 @@ def masked_logit(dtype: torch.dtype) -> float:
     return max(MASKED, torch.finfo(dtype).min / 4)
 _MASK_ELEMENTS = 1 << 20     # entries of one (chunk, n) diagonal mask: 4 MiB in float32
 _FUSED_DTYPES = (torch.float32, torch.float64)
+_EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ALIGN = 16                  # widths and mask rows padded to multiples of 16 entries (the kernel's alignment)
 
 
 class AttentionPass(NamedTuple):
@@ -87,18 +92,89 @@ class _FusedSoftmax(torch.autograd.Function):
         return (*grads, None)
 
 
+def _efficient(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None):
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=1.0)
+
+
+def _efficient_backward(g, q, k, v, bias, out, lse, seed, offset):
+    return torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        g, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, False], False, scale=1.0)
+
+
+def _pad_to(x: Tensor, dim: int, multiple: int) -> Tensor:
+    """x with zeros appended along `dim` up to a multiple of `multiple` (x itself if it is one)."""
+    extra = -x.shape[dim] % multiple
+    if not extra:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
+
+class _EfficientSoftmax(torch.autograd.Function):
+    """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)) through the CUDA memory-efficient kernel.
+
+    Widths are padded with zero columns to a multiple of `_ALIGN` (zeros change no logit and no used
+    output column; the last value column stays zero for the log-sum-exp gradient, as in
+    `_FusedSoftmax`); the mask is expanded to (B, H, c, n) and stored with rows padded to `_ALIGN`
+    (the kernel's alignment), read through a view. The kernel may return the log-sum-exp with the
+    query axis padded: it is cut to c, and passed whole to the backward.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
+        B, H, c, w = q.shape
+        n = k.shape[2]
+        qp, kp, vp = (_pad_to(t, -1, _ALIGN) for t in (q, k, v))   # (B, H, ·, w') zero columns added
+        bias = None
+        if mask is not None:
+            bias = _pad_to(mask.expand(B, H, c, n), -1, _ALIGN)[..., :n]   # (B, H, c, n) aligned rows
+        out, lse, seed, offset = _efficient(qp, kp, vp, bias)
+        ctx.save_for_backward(qp, kp, vp, bias, out, lse, seed, offset)
+        ctx.width = w
+        return out[..., :w], lse[..., :c]
+
+    @staticmethod
+    def backward(ctx, g_out: Tensor | None, g_lse: Tensor | None):
+        qp, kp, vp, bias, out, lse, seed, offset = ctx.saved_tensors
+        w, c = ctx.width, qp.shape[2]
+        g = torch.zeros_like(out)
+        if g_out is not None:
+            g[..., :w] = g_out
+        if g_lse is not None:                                      # D_i → D_i − γ_i through the zero column
+            out = out.clone()
+            g[..., -1] = 1.0
+            out[..., -1] = -g_lse[..., :c]
+        gq, gk, gv = _efficient_backward(g, qp, kp, vp, bias, out, lse, seed, offset)[:3]
+        return gq[..., :w], gk[..., :w], gv[..., :w], None
+
+
+def pass_kind(device_type: str, dtype: torch.dtype) -> str:
+    """Which path `softmax_with_lse` takes by default: "cpu-flash", "cuda-efficient" or "explicit"."""
+    if device_type == "cpu" and dtype in _FUSED_DTYPES:
+        return "cpu-flash"
+    if device_type == "cuda" and dtype in _EFFICIENT_DTYPES and torch.backends.cuda.mem_efficient_sdp_enabled():
+        return "cuda-efficient"
+    return "explicit"
+
+
 def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
                      fused: bool | None = None) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)), scale 1, both differentiable.
 
     q (B, H, c, w), k and v (B, H, n, w) with equal widths and **v's last column zero**; mask (1, 1, c, n)
-    additive, or None. Returns (B, H, c, w) and (B, H, c). `fused`: the CPU flash kernel (default where
-    it runs).
+    additive, or None. Returns (B, H, c, w) and (B, H, c). `fused`: the device's fused kernel (default
+    where one runs, `pass_kind`); False: explicit logits.
     """
+    kind = pass_kind(q.device.type, q.dtype)
     if fused is None:
-        fused = q.device.type == "cpu" and q.dtype in _FUSED_DTYPES
-    if fused:
+        fused = kind != "explicit"
+    if fused and kind == "cpu-flash":
         return _FusedSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype))
+    if fused and kind == "cuda-efficient":
+        return _EfficientSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype))
+    if fused:
+        raise ValueError(f"no fused attention kernel for {q.dtype} on {q.device.type}")
     logits = q @ k.transpose(-1, -2)                               # (B, H, c, n)
     logits = logits if mask is None else logits + mask
     return torch.softmax(logits, dim=-1) @ v, torch.logsumexp(logits, dim=-1)
