@@ -50,3 +50,11 @@ def test_probe_encoder_prints_a_row_per_minilm_layer(tmp_path):
     assert [int(r.split("|")[0]) for r in rows] == list(range(6))     # all-MiniLM-L6-v2 has 6 layers
     shares = [float(r.split("|")[1]) for r in rows]
     assert all(0.0 <= s <= 1.0 for s in shares)
+
+
+def test_own_data_trains_evaluates_and_predicts_by_label_name(tmp_path):
+    result = _run("own_data.py", str(tmp_path / "out"), cwd=tmp_path)
+    assert "classes ['account', 'billing', 'shipping']" in result.stdout
+    lines = [line for line in result.stdout.splitlines() if "E/n:" in line]
+    assert len(lines) == 2 and all(line.split()[0] in ("account", "billing", "shipping") for line in lines)
+    assert (tmp_path / "out" / "run" / "complete.json").is_file()     # a finished run pins its files
