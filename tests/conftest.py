@@ -145,6 +145,16 @@ def data_dir() -> Path:
 TINY_TRAIN = ["--data.embeddings", "random", "--data.embedding_dim", "16", "--model.d_model", "16",
               "--model.n_heads", "2", "--model.depth", "2", "--optim.batch_size", "16", "--optim.lr", "3e-3",
               "--run.threads", "1", "--run.progress", "false"]
+#: TINY_TRAIN with a narrower FFN and 48 training sentences for one epoch: the fault tests' finished run.
+SMALL_TRAIN = [*TINY_TRAIN, "--model.ffn_hidden", "16", "--data.max_train_examples", "48", "--optim.epochs", "1"]
+
+
+def train_small_run(sst2_dir, out):
+    """A finished SMALL_TRAIN run (certified-tied, random embeddings built from the synthetic data) in `out`."""
+    from unfoldformer.train import TrainConfig, train
+
+    train(TrainConfig().with_overrides([*SMALL_TRAIN, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out)]))
+    return out
 
 
 @pytest.fixture

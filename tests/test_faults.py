@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_TRAIN
+from conftest import SMALL_TRAIN, train_small_run
 from unfoldformer import cli
 from unfoldformer.runs import MANIFEST_NAME
 from unfoldformer.train import TrainConfig, train
@@ -23,7 +23,7 @@ from unfoldformer.train.checkpoint import load_train_state, load_weights
 from unfoldformer.utils import file_sha256
 
 REPO = Path(__file__).resolve().parent.parent
-SMALL = [*TINY_TRAIN, "--model.ffn_hidden", "16", "--data.max_train_examples", "48", "--optim.epochs", "1"]
+SMALL = SMALL_TRAIN
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +34,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def run_dir(sst2_dir, tmp_path_factory) -> Path:
     """A finished tiny run (certified-tied, random embeddings built from the synthetic data)."""
-    out = tmp_path_factory.mktemp("faults") / "run"
-    train(TrainConfig().with_overrides([*SMALL, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out)]))
-    return out
+    return train_small_run(sst2_dir, tmp_path_factory.mktemp("faults") / "run")
 
 
 def _env() -> dict:

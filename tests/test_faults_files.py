@@ -17,16 +17,16 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 import unfoldformer as uf
-from conftest import TINY_TRAIN, synthetic_sentences
+from conftest import SMALL_TRAIN, synthetic_sentences, train_small_run
 from unfoldformer import cli
 from unfoldformer.contracts import NonFiniteResultError
 from unfoldformer.errors import UnverifiedFileWarning
 from unfoldformer.runs import MANIFEST_NAME, verify_manifest
-from unfoldformer.train import TrainConfig, evaluate_checkpoint, train
+from unfoldformer.train import evaluate_checkpoint
 from unfoldformer.train.checkpoint import VOUCHED, CheckpointError
 from unfoldformer.utils import file_sha256
 
-SMALL = [*TINY_TRAIN, "--model.ffn_hidden", "16", "--data.max_train_examples", "48", "--optim.epochs", "1"]
+SMALL = SMALL_TRAIN
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +36,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def run_dir(sst2_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("files") / "run"
-    train(TrainConfig().with_overrides([*SMALL, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out)]))
-    return out
+    return train_small_run(sst2_dir, tmp_path_factory.mktemp("files") / "run")
 
 
 def _fails(capsys, argv: list, message: str) -> str:
