@@ -123,7 +123,9 @@ STRIPPED_CASES = [       # id, keep the manifest, scale of the weights, command,
     ("tampered, no manifest, evaluate", False, 1e6, ["evaluate"], NO_CHECKSUM),
     ("untampered, no manifest, predict", False, 1.0, ["predict", "--text", "good"], NO_CHECKSUM),
     ("tampered, trusted, evaluate", False, 1e6, ["evaluate", "--safeguard", "--trust-unverified"],
-     r"example \d+ of the split: its energy curve has (-inf|nan) at \[\d+\]; a non-finite loss or energy is not "),
+     # the logits or the energy curve: whichever the evaluation meets non-finite first names the example
+     r"example \d+ of the split: its (energy curve|logits \(so its loss\)) has (-inf|inf|nan) at \[\d+\]; "
+     r"a non-finite loss or energy is not "),
     ("tampered, trusted, predict", False, 1e6, ["predict", "--text", "good film", "--trust-unverified"],
      r"text 0 \('good film'\): its class probabilities has nan at \[0\]; a non-finite prediction is not reported"),
 ]
