@@ -153,6 +153,8 @@ def row(key: RowKey, by_dataset: dict, datasets: list[str],
         side = (side_by_side or {}).get(length)
         if side and speed_key(key) in side:
             cells.append(f"{side[speed_key(key)]:.2f}×")
+        elif side:                                                 # not in the side-by-side run: no ratio of
+            cells.append("–")                                      # tokens/s measured under other loads
         else:
             cells.append(f"{statistics.mean(speed) / statistics.mean(base):.2f}×" if speed and base else "–")
         per_dataset.append(recs)
