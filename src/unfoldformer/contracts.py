@@ -21,7 +21,7 @@ from typing import Any
 from .errors import ConfigError, UnfoldformerError
 
 __all__ = ["CERTIFIED_STEPS", "NonFiniteResultError", "certified_step_range", "check_in_range", "check_path_given",
-           "check_positive", "check_seed", "check_step", "first_non_finite", "require_finite"]
+           "check_positive", "check_seed", "check_step", "first_non_finite", "first_non_finite_row", "require_finite"]
 
 SEED_MAX = 2**32 - 1
 
@@ -123,6 +123,20 @@ def _walk(obj: Any, path: str) -> Iterator[tuple[str, float]]:
 def first_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:
     """(key path, value) of the first NaN or ±inf number in a nested result (dicts, lists, tensors), else None."""
     return next(((p, v) for p, v in _walk(obj, path) if not math.isfinite(v)), None)
+
+
+def first_non_finite_row(named: dict[str, Any]) -> tuple[int, str, str, float] | None:
+    """(row, name, entry, value) of the first row (dim 0) holding a NaN/inf in the first tensor of `named`
+    (name -> (B, ...) tensor or None) that has one; None when all are finite. The callers name the row."""
+    import torch
+
+    for name, values in named.items():
+        if values is None or bool(torch.isfinite(values).all()):
+            continue
+        row = int((~torch.isfinite(values)).flatten(1).any(1).nonzero()[0])
+        where, value = first_non_finite(values[row])
+        return row, name, where, value
+    return None
 
 
 def require_finite(obj: Any, what: str, *, skip: tuple[str, ...] = ()) -> None:

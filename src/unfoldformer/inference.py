@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .contracts import NonFiniteResultError, first_non_finite
+from .contracts import NonFiniteResultError, first_non_finite_row
 from .descent import descent_tolerance, lowered
 from .model import UnfoldedTransformer
 
@@ -132,11 +132,9 @@ class Predictor:
 
 def _refuse_non_finite(texts: list[str], start: int, probs: torch.Tensor, energies: torch.Tensor | None) -> None:
     """NonFiniteResultError naming the first text whose probabilities or energies are NaN or infinite."""
-    for name, values in (("class probabilities", probs), ("energy curve", energies)):
-        if values is None or bool(torch.isfinite(values).all()):
-            continue
-        i = int((~torch.isfinite(values)).flatten(1).any(1).nonzero()[0])
-        where, value = first_non_finite(values[i])
+    bad = first_non_finite_row({"class probabilities": probs, "energy curve": energies})
+    if bad is not None:
+        i, name, where, value = bad
         raise NonFiniteResultError(f"text {start + i} ({texts[i][:40]!r}): its {name} has {value} at {where}; a "
                                    "non-finite prediction is not reported (are the weights damaged?)")
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..contracts import NonFiniteResultError, first_non_finite
+from ..contracts import NonFiniteResultError, first_non_finite_row
 from ..data import dataset_record, file_record
 from ..data.batching import TokenizedDataset, eval_batches, seeded_subset
 from ..descent import DescentCounts, descent_tolerance
@@ -101,11 +101,9 @@ def evaluate(model: nn.Module, ds: TokenizedDataset, batches: list[list[int]], m
 def _refuse_non_finite(batch: list[int], logits: torch.Tensor, energies: torch.Tensor | None) -> None:
     """NonFiniteResultError naming the first example (its index in the split) with a NaN/inf logit or energy:
     its loss or energy curve would be NaN, and a mean over it reports nothing true."""
-    for name, values in (("logits (so its loss)", logits), ("energy curve", energies)):
-        if values is None or bool(torch.isfinite(values).all()):
-            continue
-        row = int((~torch.isfinite(values)).flatten(1).any(1).nonzero()[0])
-        where, value = first_non_finite(values[row])
+    bad = first_non_finite_row({"logits (so its loss)": logits, "energy curve": energies})
+    if bad is not None:
+        row, name, where, value = bad
         raise NonFiniteResultError(f"example {batch[row]} of the split: its {name} has {value} at {where}; a "
                                    "non-finite loss or energy is not reported (are the weights damaged?)")
 
