@@ -2,7 +2,8 @@
 
 Every case draws an adversarial token set (`strategies.token_sets`: far clusters, offsets up to 1e3, norms
 1e-3…1e3, identical tokens, n = 1, all-but-one padding, float32 and float64), a random layer (ρ = exp or
-log, tied or untied, α ∈ (0, 1], γ ∈ [0, 10], attention_norm none or length, learned basis or contiguous
+log, tied or untied, α ∈ (0, 1], γ ∈ [0, 10], attention_norm none or length, W₁ free or capped at ‖W₁‖₂ ≤ 1
+(`ffn_bound`), learned basis or contiguous
 heads, λ, scales, W₁ of any norm, bias) and checks the step against THEORY's formula and its energy.
 The independent evaluation is `energy.py` in float64 on the very states the model stepped between, in
 the layer's own basis (contiguous heads s_h, W̃ = QᵀW₁, X̃ = XQ: the energy the rotated stack descends;
@@ -23,6 +24,7 @@ from strategies import token_sets
 from unfoldformer import energy as E
 from unfoldformer.config import ModelConfig
 from unfoldformer.descent import descent_tolerance, lowered
+from unfoldformer.errors import ConfigError
 from unfoldformer.joint import JointLayer, JointStack
 from unfoldformer.model import UnfoldedTransformer
 from unfoldformer.rotated import RotatedStack
@@ -41,7 +43,8 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
                      rho=rho, ffn_hidden=draw(st.sampled_from([1, 4, 16])), learn_basis=draw(st.booleans()),
                      anchor_weight=draw(st.floats(0.05, 20.0)),
                      alpha_attention=draw(st.sampled_from([1.0, draw(st.floats(1e-3, 1.0))])),
-                     attention_norm=draw(st.sampled_from(["none", "length"])), layer=layer)
+                     attention_norm=draw(st.sampled_from(["none", "length"])), layer=layer,
+                     ffn_bound=draw(st.sampled_from(["none", "spectral"])))
     if layer == "joint":
         overrides["ffn_weight"] = draw(st.sampled_from([0.0, 1.0, draw(st.floats(0.0, 10.0))]))
     else:
@@ -54,12 +57,17 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
     with torch.no_grad():
         for lay in model.layers:
             m = lay.ffn.W1.shape[1]
-            lay.ffn.W1.normal_().mul_(w_scale / math.sqrt(m))
+            free_w1(lay.ffn).normal_().mul_(w_scale / math.sqrt(m))
             lay.ffn.b.uniform_(-1, 1).mul_(b_scale)
             lay.attention.log_scale.add_(torch.randn_like(lay.attention.log_scale)).clamp_(-3, 1).add_(log_scale / 2)
             if lay.attention.basis is not None:
                 lay.attention.basis.parametrizations.weight.original.normal_()
     return model.eval()
+
+
+def free_w1(ffn) -> torch.Tensor:
+    """The stored weight behind `ffn.W1`: W1 itself, or V of the spectral cap (W1 = V / max(1, ‖V‖₂))."""
+    return ffn.parametrizations.W1.original if hasattr(ffn, "parametrizations") else ffn.W1
 
 
 @st.composite
@@ -375,3 +383,86 @@ def test_plain_and_traced_forwards_compute_the_same_function(tied):
     assert torch.allclose(plain, traced, rtol=0, atol=close_tol(D64, 10))
     assert torch.allclose(plain, Y, rtol=0, atol=close_tol(D64, 10))
     assert torch.equal(plain[pad], X[pad])
+
+
+# ----------------------------------------------------------------------------- the bounded variant
+@examples(200)
+@given(scale=st.floats(1e-3, 1e3), shape=st.sampled_from([(1, 1), (4, 16), (16, 4), (8, 8)]),
+       dtype=st.sampled_from([torch.float32, D64]), seed=st.integers(0, 2**31 - 1))
+def test_the_spectral_cap_bounds_the_ffn_weight_and_keeps_small_ones(scale, shape, dtype, seed):
+    """`ffn_bound="spectral"`: W1 = V / max(1, ‖V‖₂) has ‖W1‖₂ ≤ 1 up to the rounding of the division and of
+    the SVD (σ_max computed to a few u relative: bound 1 + 32u), and equals V exactly when ‖V‖₂ ≤ 1."""
+    torch.manual_seed(seed)
+    model = UnfoldedTransformer(ModelConfig.preset("certified-joint", d_model=shape[0], n_heads=1, depth=1,
+                                                   ffn_hidden=shape[1], ffn_bound="spectral")).to(dtype)
+    ffn = model.layers[0].ffn
+    with torch.no_grad():
+        V = free_w1(ffn)
+        V.normal_().mul_(scale / math.sqrt(shape[1]))
+        W = ffn.W1
+        sigma_v = float(torch.linalg.matrix_norm(V.double(), ord=2))
+        sigma_w = float(torch.linalg.matrix_norm(W.double(), ord=2))
+    u = torch.finfo(dtype).eps / 2
+    assert sigma_w <= 1 + 32 * u
+    if sigma_v <= 1 - 32 * u:
+        assert torch.equal(W, V)
+    else:
+        assert sigma_w == pytest.approx(1.0, abs=32 * u)
+
+
+@examples(200)
+@given(seed=st.integers(0, 2**31 - 1), stretch=st.floats(1.5, 10.0), t=st.floats(1.0, 1e3))
+def test_the_capped_ffn_energy_is_bounded_below_and_the_free_one_is_not(seed, stretch, t):
+    """With ‖W1‖₂ ≤ 1, ‖ReLU(yW1 + b)‖ ≤ ‖y‖ + ‖b‖, so E_H(y) ≥ −‖y‖‖b‖ − ½‖b‖² per token (float64). Along
+    the top right-singular direction of a free W1 stretched by σ = `stretch` > 1 (v with v W1 = σ u, u ≥ 0
+    chosen so ReLU keeps it), E_H(t v) = ½t² − ½‖ReLU(tσu + b)‖² falls below that bound for large t: the
+    cap is what keeps E bounded."""
+    torch.manual_seed(seed)
+    d, m = 6, 12
+    pad = torch.zeros(1, 1, dtype=torch.bool)
+    for bound in ("spectral", "none"):
+        model = UnfoldedTransformer(ModelConfig.preset("certified-joint", d_model=d, n_heads=1, depth=1,
+                                                       ffn_hidden=m, ffn_bound=bound)).double()
+        ffn = model.layers[0].ffn
+        with torch.no_grad():
+            u = torch.rand(m, dtype=D64)
+            u = u / u.norm()                                            # a nonnegative unit direction of R^m
+            v = torch.randn(d, dtype=D64)
+            v = v / v.norm()
+            free_w1(ffn).copy_(stretch * torch.outer(v, u))             # V = σ v uᵀ: ‖V‖₂ = σ
+            ffn.b.normal_()
+            y = (t * v)[None, None]                                     # (1, 1, d)
+            e_h = float(ffn.energy(y, pad))
+            floor = -t * float(ffn.b.norm()) - 0.5 * float(ffn.b.norm()) ** 2
+        if bound == "spectral":
+            assert e_h >= floor - 1e-12 * (t * t + floor ** 2 + 1)
+        else:
+            expected = 0.5 * t * t - 0.5 * float(torch.relu(t * stretch * u + ffn.b.detach()).pow(2).sum())
+            assert e_h == pytest.approx(expected, rel=1e-12, abs=1e-12)
+            # ReLU is 1-Lipschitz and ReLU(tσu) = tσu, so ‖ReLU(tσu + b)‖ ≥ tσ − ‖b‖ and
+            # E_H ≤ ½t² − ½(tσ − ‖b‖)², below the floor once ½(σ² − 1)t² > t‖b‖(σ + 1)
+            beta = float(ffn.b.detach().norm())
+            if t * stretch > beta and 0.5 * (stretch ** 2 - 1) * t * t > t * beta * (stretch + 1) + 1:
+                assert e_h < floor
+
+
+def test_a_capped_model_saves_and_loads_the_free_weight():
+    """The state dict of a capped model holds V (not W1) and loads into a fresh model of the same config to
+    the same function; a config field of its own, refused where no tied FFN runs."""
+    cfg = ModelConfig.preset("certified-joint", d_model=8, n_heads=2, depth=2, ffn_hidden=16, ffn_bound="spectral",
+                             tied=False)
+    torch.manual_seed(0)
+    model = UnfoldedTransformer(cfg)
+    with torch.no_grad():
+        for lay in model.layers:
+            free_w1(lay.ffn).mul_(4.0)
+    state = model.state_dict()
+    assert "layers.0.ffn.parametrizations.W1.original" in state and "layers.0.ffn.W1" not in state
+    fresh = UnfoldedTransformer(cfg)
+    fresh.load_state_dict(state)
+    x = torch.randn(2, 5, 8)
+    assert torch.equal(fresh(x).hidden, model(x).hidden)
+    with pytest.raises(ConfigError, match="ffn_bound must be one of none, spectral"):
+        ModelConfig.preset("certified", ffn_bound="frobenius")
+    with pytest.raises(ConfigError, match="ffn_bound does not apply"):
+        ModelConfig.preset("standard", ffn_bound="spectral")

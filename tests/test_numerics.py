@@ -171,16 +171,15 @@ def _certified(seed: int, dtype: torch.dtype, heads: int, learn_basis: bool, dep
 
 @examples(300)
 @given(batch=token_sets(d=8, max_norm=1e2, max_offset=1e2), heads=st.sampled_from([1, 2]),
-       learn_basis=st.booleans(), seed=st.integers(0, 3))
-def test_plain_forward_equals_the_traced_forward(batch, heads, learn_basis, seed):
+       learn_basis=st.booleans(), seed=st.integers(0, 3), tied=st.booleans())
+def test_plain_forward_equals_the_traced_forward(batch, heads, learn_basis, seed, tied):
     """model(x) and model(x, return_energies=True) compute the same function: every step reads the same
-    off-diagonal pass (the self term in closed form) and, for tied layers, both map back to original
-    coordinates by the same product (`rotated.RotatedStack.run` / `trial` + `advance`), so the hidden states
-    are equal to the bit, learned bases off the identity, on any input and any CPU (the same operations in
-    one process). (Untied plain layers fold the change of basis into the FFN weights: one more rounding per
-    layer, measured by benchmarks/numerics_check.py.)"""
+    off-diagonal pass (the self term in closed form) and both turn the state from one layer's basis into
+    the next (untied) and back to original coordinates by the same products (`rotated.RotatedStack.run` /
+    `trial` + `advance`), so the hidden states are equal to the bit, learned bases off the identity, tied
+    or untied, on any input and any CPU (the same operations in one process)."""
     Y, _, pad = batch
-    model = _certified(seed, Y.dtype, heads, learn_basis)
+    model = _certified(seed, Y.dtype, heads, learn_basis, tied=tied)
     with torch.no_grad():
         plain = model(Y, pad).hidden
         traced = model(Y, pad, return_energies=True).hidden

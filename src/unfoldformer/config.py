@@ -22,7 +22,9 @@ model's forward (backtracking on the step size, THEORY §3.5). The joint layer (
 THEORY §3.7: one MM step on λE_A + ½‖Y − X‖² + γE_H, γ = `ffn_weight`, α = `alpha_attention`)
 lowers its whole-layer energy by construction, so it never needs the safeguard.
 `attention_norm="length"` weights the attention term by 1/n (n = the sample's real tokens:
-ν_h = λ s_h²/n), for either layer kind; every guarantee holds unchanged.
+ν_h = λ s_h²/n), for either layer kind; every guarantee holds unchanged. `ffn_bound="spectral"` keeps
+the tied FFN's ‖W1‖₂ ≤ 1 (W1 = V / max(1, ‖V‖₂), `layers.SpectralCap`), so that E_H ≥ −‖Y‖‖b‖ − ½‖b‖²
+and the layer energy has a minimum instead of falling towards −∞ along directions W1 stretches.
 
 Positions (THEORY §3.9, `positions.py`), any encoder: `positions="learned"` (a table of `max_positions`
 rows) or `"sinusoidal"` are added to the input by `SequenceClassifier` (the encoders see X + P: a
@@ -44,14 +46,15 @@ from .metrics import METRICS  # anchored attention's per-head map A_h (§3.8)
 from .positions import POSITIONS  # §3.9; absolute ones are added to the input
 from .rho import RHO_FAMILY, get_rho
 
-__all__ = ["ATTENTION_KINDS", "ATTENTION_NORMS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_KINDS", "LAYER_KINDS",
-           "ModelConfig", "PEER_ATTENTIONS", "PRESETS", "upgrade_peer_fields"]
+__all__ = ["ATTENTION_KINDS", "ATTENTION_NORMS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_BOUNDS", "FFN_KINDS",
+           "LAYER_KINDS", "ModelConfig", "PEER_ATTENTIONS", "PRESETS", "upgrade_peer_fields"]
 
 ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transformer", "crate")
 BASIS_MAPS = ("exp", "cayley")
 FFN_KINDS = ("tied", "symmetric", "released", "none", "standard", "hopfield", "ista")
 LAYER_KINDS = ("alternating", "joint")      # anchored attention with the tied FFN: two sub-steps, or one (§3.7)
 ATTENTION_NORMS = ("none", "length")        # anchored attention: E_A weighted by 1, or by 1/n (§3.7)
+FFN_BOUNDS = ("none", "spectral")           # tied FFN: W1 free, or ‖W1‖₂ ≤ 1 by parametrisation (E bounded below)
 ROTARY_ATTENTIONS = ("anchored", "standard")
 
 # Fields each attention / FFN kind uses, beyond the ones every encoder has.
@@ -67,7 +70,7 @@ _ATTENTION_FIELDS = {
     "crate": ("readout",),
 }
 _FFN_FIELDS = {
-    "tied": ("ffn_hidden", "alpha_ffn"),
+    "tied": ("ffn_hidden", "alpha_ffn", "ffn_bound"),
     "symmetric": ("alpha_ffn", "relu", "spectrum_bound", "spectrum_method"),
     "released": ("relu",),
     "none": (),
@@ -81,7 +84,7 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 learn_basis=True, basis_map="exp", ffn_hidden=512, alpha_ffn=1.0, relu=True, spectrum_bound=0.95,
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
-                ffn_weight=1.0, attention_norm="none",
+                ffn_weight=1.0, attention_norm="none", ffn_bound="none",
                 positions="none", max_positions=512, metric="isotropic")
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
@@ -158,6 +161,7 @@ class ModelConfig:
     layer: str | None = None              # anchored + tied FFN: alternating (two sub-steps) | joint (one, §3.7)
     ffn_weight: float | None = None       # joint layer only: γ ≥ 0, E = λE_A + ½‖Y − X‖² + γE_H
     attention_norm: str | None = None     # anchored: none | length (E_A weighted by 1/n, n = real tokens)
+    ffn_bound: str | None = None          # tied FFN: none | spectral (‖W1‖₂ ≤ 1 by parametrisation, E bounded below)
     positions: str | None = None          # none | learned | sinusoidal (added to the input) | rotary (§3.9)
     max_positions: int | None = None      # learned positions only: rows of the table (longest sequence)
     metric: str | None = None             # anchored: isotropic (s_h I) | diagonal | free per-head map A_h (§3.8)
@@ -266,6 +270,8 @@ class ModelConfig:
         if self.attention_norm is not None and self.attention_norm not in ATTENTION_NORMS:
             raise ConfigError(f"attention_norm must be one of {', '.join(ATTENTION_NORMS)}, "
                               f"got {self.attention_norm!r}")
+        if self.ffn_bound is not None and self.ffn_bound not in FFN_BOUNDS:
+            raise ConfigError(f"ffn_bound must be one of {', '.join(FFN_BOUNDS)}, got {self.ffn_bound!r}")
         if self.positions not in POSITIONS:
             raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
         if self.max_positions is not None and self.max_positions < 1:

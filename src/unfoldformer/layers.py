@@ -242,15 +242,36 @@ class SymmetricFFN(nn.Module):
         return E.symmetric_ffn_energy(Y, self.W_F, self.b, padding_mask)
 
 
-class TiedFFN(nn.Module):
-    """(F2) Y⁺ = (1−α)Y + α ReLU(Y W1 + 1b) W1ᵀ: a standard FFN with W2 = W1ᵀ plus a residual."""
+class SpectralCap(nn.Module):
+    """Parametrisation W = V / max(1, ‖V‖₂): every W has spectral norm ≤ 1 (up to the rounding of ‖V‖₂,
+    a few units of the dtype's round-off), and W = V wherever ‖V‖₂ ≤ 1.
 
-    def __init__(self, d: int, hidden: int, alpha: float, *, certified: bool = True):
+    With ‖W1‖₂ ≤ 1, ‖ReLU(y W1 + b)‖ ≤ ‖y‖ + ‖b‖, so the tied FFN energy E_H = ½‖y‖² − ½‖ReLU(yW1 + b)‖²
+    ≥ −‖y‖‖b‖ − ½‖b‖² per token: linear below, which the anchor ½‖Y − X‖² dominates, so the layer energy is
+    bounded below and has a minimum (without the cap, E_H ≈ −½(σ² − 1)‖y‖² along a direction W1 stretches
+    by σ > 1, and E falls towards −∞ once γ(σ² − 1) > 1)."""
+
+    def forward(self, V: Tensor) -> Tensor:
+        norm = torch.linalg.matrix_norm(V, ord=2)                    # σ_max(V), differentiable (SVD)
+        return V / norm.clamp_min(1.0)
+
+
+class TiedFFN(nn.Module):
+    """(F2) Y⁺ = (1−α)Y + α ReLU(Y W1 + 1b) W1ᵀ: a standard FFN with W2 = W1ᵀ plus a residual.
+
+    `bound="spectral"`: W1 is parametrised by `SpectralCap` (‖W1‖₂ ≤ 1); `ffn.W1` is then the capped weight
+    everywhere it is read, and the state dict stores the free V (`parametrizations.W1.original`)."""
+
+    def __init__(self, d: int, hidden: int, alpha: float, *, certified: bool = True, bound: str = "none"):
         super().__init__()
         check_step("alpha_ffn", alpha, "tied", certified=certified)
         self.alpha = alpha
         self.W1 = nn.Parameter(torch.randn(d, hidden) / math.sqrt(hidden))
         self.b = nn.Parameter(torch.zeros(hidden))
+        if bound == "spectral":
+            parametrize.register_parametrization(self, "W1", SpectralCap())
+        elif bound != "none":
+            raise ValueError(f"bound must be none or spectral, got {bound!r}")
 
     def forward(self, Y: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         return tied_ffn_step(Y, self.W1, self.b, self.alpha * scale, padding_mask, certified=False)

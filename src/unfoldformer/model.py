@@ -67,13 +67,15 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
                                  length_norm=cfg.attention_norm == "length", metric=cfg.metric,
                                  rotary=cfg.positions == "rotary")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
-            return JointLayer(attn, TiedFFN(d, cfg.ffn_hidden, 1.0), cfg.ffn_weight)   # ffn.alpha unused
+            ffn = TiedFFN(d, cfg.ffn_hidden, 1.0, bound=cfg.ffn_bound)           # ffn.alpha unused
+            return JointLayer(attn, ffn, cfg.ffn_weight)
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp",
                                certified=cfg.certified)
     else:
         attn = ReleasedAttention(d)
-    ffn = {"tied": lambda: TiedFFN(d, cfg.ffn_hidden, cfg.alpha_ffn, certified=bool(cfg.certified)),
+    ffn = {"tied": lambda: TiedFFN(d, cfg.ffn_hidden, cfg.alpha_ffn, certified=bool(cfg.certified),
+                                   bound=cfg.ffn_bound),
            "symmetric": lambda: SymmetricFFN(d, cfg.alpha_ffn, cfg.relu, cfg.spectrum_bound, cfg.spectrum_method,
                                              certified=bool(cfg.certified)),
            "released": lambda: ReleasedFFN(d, cfg.relu),

@@ -9,11 +9,11 @@ parameters and the same result:
 
 - X̃ = X Q once per forward (per distinct layer: once for tied layers);
 - tied layers share one basis (Q_ℓ = Q_{ℓ+1}): the state stays in it and only the end maps it back
-  (Q_{L+1} = I), by the same product in the plain and the traced forward (bit-identical results);
-- untied: the plain forward folds the change of basis from layer ℓ to layer ℓ + 1 into the FFN's weights,
-      Ỹ_{ℓ+1} = (1 − α) Ũ Q_ℓᵀ Q_{ℓ+1} + α ReLU(Ũ Q_ℓᵀ W1 + b) (Q_{ℓ+1}ᵀ W1)ᵀ,
-  which for α = 1 costs two d × m weight products per forward and nothing per token; the traced forward
-  needs the state in both bases and applies Q_ℓᵀ Q_{ℓ+1} after (round-off apart);
+  (Q_{L+1} = I);
+- untied: each layer's output turns into the next layer's basis by Q_ℓᵀ Q_{ℓ+1} (d × d per token).
+  Folding that turn into the FFN's output weights would save the product but round differently from the
+  traced forward, which needs the state in both bases; both forwards therefore run the same operations
+  and return bit-identical hidden states, tied or untied (THEORY §3.10, "plain = traced");
 - steps at α = 1 skip the arithmetic with α and 1 − α.
 
 Padding: padded rows are zeroed once at the start (finite, whatever they held) and restored from X
@@ -137,7 +137,6 @@ class RotatedStack:
         self.rotary = self.frames[0].layer.attention.rotary
         self._rope: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
         self.X, self.valid = X, valid
-        self._exits: dict[int, tuple[Tensor | None, Tensor | None]] = {}
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
@@ -196,36 +195,18 @@ class RotatedStack:
 
     # ------------------------------------------------------------------ plain forward
     def run(self) -> Tensor:
-        """All layers. Tied: each in the one basis, then into original coordinates — the operations of the traced
-        forward (`trial`, `advance`), so both return the same hidden states to the bit. Untied: each FFN writes
-        the next layer's basis through its folded output weights (`_exit`), which saves a d × d product per
-        layer and rounds differently from the traced forward's `advance` (same function to round-off)."""
+        """All layers, each in its own basis, then into original coordinates: the operations of the traced
+        forward (`trial`, `advance`), so both return the same hidden states to the bit."""
         Y = self.anchors[0]
         for ell in range(self.depth):
             f = self.frame(ell)
             U, _ = self._attend(f, Y, self.anchor(ell), self.valid, 1.0, None)
-            if self.tied:
-                Y = self.advance(ell, self._ffn(f, U, 1.0, f.W, None)[0])
-            else:
-                Y, _ = self._ffn(f, U, 1.0, *self._exit(ell))
+            Y = self.advance(ell, self._ffn(f, U, 1.0)[0])
         return self.finish(Y)
 
     def finish(self, Y: Tensor) -> Tensor:
         """Original-coordinate output with the padded rows of X restored: (B, n, d)."""
         return torch.where(self.valid[..., None], Y, self.X)
-
-    def _exit(self, ell: int) -> tuple[Tensor | None, Tensor | None]:
-        """(W_out (d, m), turn (d, d) or None) mapping layer ℓ's FFN into the next basis: Q_nextᵀ W1, Q_ℓᵀ Q_next."""
-        f = self.frame(ell)
-        last = ell == self.depth - 1
-        if not last and self.tied:
-            return f.W, None
-        if ell not in self._exits:
-            nxt = None if last else self.frame(ell + 1).Q
-            W_out = f.W1 if (f.W1 is None or nxt is None) else nxt.T @ f.W1       # (d, m)
-            needs_turn = f.W is None or f.layer.ffn.alpha != 1
-            self._exits[ell] = (W_out, _change(f.Q, nxt) if needs_turn else None)
-        return self._exits[ell]
 
     # ------------------------------------------------------------------ the two sub-steps
     def _attend(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, scale: float,
@@ -240,16 +221,15 @@ class RotatedStack:
         U, attention = self._anchored(f, C, Xc, valid, sample_log_nu(f, valid), alpha, attention)
         return self.unheads(U), attention
 
-    def _ffn(self, f: _Frame, U: Tensor, scale: float, W_out: Tensor | None,
-             turn: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Y⁺ = (1 − α) U·turn + α ReLU(U W̃ + b) W_outᵀ (turn None: identity), and the hidden layer (B, n, m)."""
+    def _ffn(self, f: _Frame, U: Tensor, scale: float) -> tuple[Tensor, Tensor | None]:
+        """Y⁺ = (1 − α) U + α ReLU(U W̃ + b) W̃ᵀ in the layer's basis, and the hidden layer (B, n, m)."""
         if f.W is None:
-            return (U if turn is None else U @ turn), None
+            return U, None
         hidden = _hidden(U, f)                                       # (B, n, m)
-        Y = F_nn.linear(hidden, W_out)                               # (B, n, d)
+        Y = F_nn.linear(hidden, f.W)                                 # (B, n, d)
         alpha = f.layer.ffn.alpha * scale
         if alpha != 1:
-            Y = torch.lerp(U if turn is None else U @ turn, Y, float(alpha))
+            Y = torch.lerp(U, Y, float(alpha))
         return Y, hidden
 
     # ------------------------------------------------------------------ traced forward
@@ -274,7 +254,7 @@ class RotatedStack:
         if carry is None and need_input and self.exp and not self.exact:   # one pass for E_ℓ at Y and the step
             carry = self._pass(f, Y, valid, average=True)
         U, in_pass = self._attend(f, Y, Xr, valid, scale, carry)
-        Y_new, hidden = self._ffn(f, U, scale, f.W, None)
+        Y_new, hidden = self._ffn(f, U, scale)
         reuse = self.exp and self.tied and ell < self.depth - 1       # the next step starts from Y_new
         if self.exact:                                               # energies: float64 from the states
             f64, X64 = self.frame64(ell), Xr.double()
