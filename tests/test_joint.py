@@ -126,7 +126,7 @@ def curve_term_scales(stack) -> torch.Tensor:
     Y, scales = stack.start(), []
     for ell in range(stack.depth):
         before = term_scale(stack, ell, Y)
-        Y, _ = stack._joint(stack.frame(ell), Y, stack.anchor(ell), stack.valid, 1.0, None, None)
+        Y = stack._joint(stack.frame(ell), Y, stack.anchor(ell), stack.valid, 1.0, None)
         scales.append(torch.maximum(before, term_scale(stack, ell, Y)))
         Y = stack.advance(ell, Y)
     return torch.stack(scales, 1)
@@ -233,7 +233,7 @@ def test_the_joint_step_is_the_formula_of_theory(case):
         stack = stack_of(model, X, pad)
         f = stack.frame(0)
         Yr = (Y if f.Q is None else Y @ f.Q).where(valid[..., None], 0.0)
-        plain, _ = stack._joint(f, Yr, stack.anchor(0), stack.valid, 1.0, None, None)
+        plain = stack._joint(f, Yr, stack.anchor(0), stack.valid, 1.0, None)
         traced = stack.trial(0, Yr, None, None, 1.0, False, True).output
         module = lay(Y, X, pad)
     # Round-off: entries of magnitude M = max(|Y|, |X|, |R|); the fused pass's logits lose eps·‖a − mean‖²

@@ -182,7 +182,7 @@ def one_step(model, Y, X, pad):
     f = stack.frame(0)
     Yr = (Y if f.Q is None else Y @ f.Q).where(~pad[..., None], 0.0)
     if isinstance(f.layer, JointLayer):
-        return stack, Yr, stack._joint(f, Yr, stack.anchor(0), stack.valid, 1.0, None, None)[0]
+        return stack, Yr, stack._joint(f, Yr, stack.anchor(0), stack.valid, 1.0, None)
     return stack, Yr, stack._attend(f, Yr, stack.anchor(0), stack.valid, 1.0, None)[0]
 
 

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from . import energy as E
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, _valid
-from .rotated import RotatedStack, _Frame, _hidden, sample_log_nu
+from .rotated import RotatedStack, _Frame, _hidden, _row_squares, sample_log_nu
 from .softmax import AttentionPass
 from .steps import anchored_attention_step, head_values
 
@@ -80,10 +80,13 @@ class JointLayer(UnfoldedLayer):
 
 
 class JointCarry(NamedTuple):
-    """What a joint step at Y computes and the energy at Y reuses (ρ = exp: the off-diagonal pass)."""
+    """What a joint step at Y needs and the energy at Y reuses, computed once per state: the off-diagonal pass
+    (ρ = exp), the FFN's output r̃ = ReLU(Ỹ W̃ + b) W̃ᵀ and the hidden layer's row squares. The hidden layer
+    itself (B, n, m) is not kept: at most one is alive at a time, as in the plain forward."""
 
-    attention: AttentionPass | None   # pass at Y (with its average); None for other ρ
-    hidden: Tensor                    # (B, n, m) ReLU(Ỹ W̃ + b)
+    attention: AttentionPass | None   # pass at Y (with its average when a step follows); None for other ρ
+    ffn_output: Tensor | None         # (B, n, d) r̃; None when no step follows from Y
+    hidden_squares: Tensor            # (B, n) ‖ReLU(ỹ_i W̃ + b)‖² in Y's dtype
 
 
 class JointStack(RotatedStack):
@@ -92,53 +95,62 @@ class JointStack(RotatedStack):
     def run(self) -> Tensor:
         Y = self.start()
         for ell in range(self.depth):
-            Y, _ = self._joint(self.frame(ell), Y, self.anchor(ell), self.valid, 1.0, None, None)
+            f = self.frame(ell)
+            Y = self._joint(f, Y, self.anchor(ell), self.valid, 1.0, None)
             Y = self.advance(ell, Y)
         return self.finish(Y)
 
     def _joint(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, scale: float,
-               attention: AttentionPass | None, hidden: Tensor | None) -> tuple[Tensor, AttentionPass | None]:
-        """The joint step (α·scale) in the layer's basis from Y (B, n, d): (Y⁺, the pass it used).
+               attention: AttentionPass | None, R: Tensor | None = None) -> Tensor:
+        """The joint step (α·scale) in the layer's basis from Y (B, n, d): Y⁺.
 
-        `attention`, `hidden`: the pass and hidden layer at Y when already computed (ρ = exp: without a pass
-        the step takes the one with the diagonal, which gives no energy)."""
+        `R` (B, n, d): the FFN's output r̃ = ReLU(Ỹ W̃ + b) W̃ᵀ at Y (None: computed); `attention`: the pass at Y
+        when already computed (ρ = exp: without a pass the step takes the one with the diagonal, which gives no
+        energy)."""
         att, gamma = f.layer.attention, f.layer.gamma
         alpha = att.alpha * scale
-        hidden = _hidden(Y, f) if hidden is None else hidden        # (B, n, m)
-        P = f.layer.anchor_mix(Xr, F_nn.linear(hidden, f.W))        # (B, n, d) (x̃ + γ r̃)/(1 + γ), r̃ = h W̃ᵀ
+        R = F_nn.linear(_hidden(Y, f), f.W) if R is None else R    # (B, n, d)
+        P = f.layer.anchor_mix(Xr, R)                               # (B, n, d) (x̃ + γ r̃)/(1 + γ)
         log_nu = sample_log_nu(f, valid) - math.log1p(gamma)        # (H,) or (B, 1, H): log(ν/(1 + γ)) or log κ
         H = att.H
         C, Pc = self.heads(Y, H), self.heads(P, H)                  # (B, n, H, dh) (rotated with rotary, §3.9)
-        U, attention = self._anchored(f, C, Pc, valid, log_nu, alpha, attention)
-        return self.unheads(U), attention
+        U, _ = self._anchored(f, C, Pc, valid, log_nu, alpha, attention)
+        return self.unheads(U)
 
-    def _carry(self, f: _Frame, Y: Tensor, valid: Tensor) -> JointCarry:
-        return JointCarry(self._pass(f, Y, valid, average=True), _hidden(Y, f))
+    def _carry(self, f: _Frame, Y: Tensor, valid: Tensor, step_follows: bool = True) -> JointCarry:
+        hidden = _hidden(Y, f)                                      # (B, n, m), dropped on return
+        R = F_nn.linear(hidden, f.W) if step_follows else None     # (B, n, d)
+        return JointCarry(self._pass(f, Y, valid, average=step_follows), R, _row_squares(hidden))
 
     def _joint_terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, carry: JointCarry | None) -> EnergyTerms:
-        """E_ℓ's terms at Y from the pass and hidden layer at Y (None: computed): (w E_A + λ⁻¹½‖Y − X‖², (γ/λ) E_H)."""
-        terms = self._terms(f, Y, Xr, valid, *((None, None) if carry is None else carry))
+        """E_ℓ's terms at Y from the pass and hidden row squares at Y (None: computed): (w E_A + λ⁻¹½‖Y − X‖²,
+        (γ/λ) E_H)."""
+        if carry is None:
+            terms = self._terms(f, Y, Xr, valid, None, None)
+        else:
+            terms = self._terms(f, Y, Xr, valid, carry.attention, None, carry.hidden_squares)
         return EnergyTerms(terms.attention, terms.ffn * (f.layer.gamma / f.layer.attention.lam))
 
     def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry: JointCarry | None, scale: float,
               substeps: bool, need_input: bool) -> LayerTrace:
         """Layer ℓ at step scale `scale` on `rows` (None: all) of Y, with E_ℓ at Y⁺ (and at Y: `need_input`).
 
-        `carry`: pass and hidden layer at Y (reused); the trace's `output_pass` carries those at Y⁺ when the
-        next layer is the same (tied), so every state's pass and hidden layer are computed once."""
+        `carry`: pass, FFN output and hidden row squares at Y (reused); the trace's `output_pass` carries those at
+        Y⁺ when the next layer is the same (tied), so every state's pass and hidden layer are computed once."""
         f = self.frame(ell)
         Xr = self.anchor(ell) if rows is None else self.anchor(ell)[rows]
         valid = self.valid if rows is None else self.valid[rows]
         carry = self._carry(f, Y, valid) if carry is None else carry
-        Y_new, _ = self._joint(f, Y, Xr, valid, scale, carry.attention, carry.hidden)
+        Y_new = self._joint(f, Y, Xr, valid, scale, carry.attention, carry.ffn_output)
         reuse = self.tied and ell < self.depth - 1                  # the next step starts from Y_new
-        out = JointCarry(self._pass(f, Y_new, valid, average=reuse), _hidden(Y_new, f))
         if self.exact:                                              # the safeguard's float64 evaluations
             f64, X64 = self.frame64(ell), Xr.double()
             terms = lambda Z: self._joint_terms(f64, Z.double(), X64, valid, None)   # noqa: E731
             at_input, at_output = terms(Y) if need_input else None, terms(Y_new)
+            out = self._carry(f, Y_new, valid) if reuse else None
         else:
             at_input = self._joint_terms(f, Y, Xr, valid, carry) if need_input else None
+            out = self._carry(f, Y_new, valid, step_follows=reuse)
             at_output = self._joint_terms(f, Y_new, Xr, valid, out)
         return LayerTrace(Y_new, Y_new, at_output if substeps else None, at_output, at_input, carry,
                           out if reuse else None)

@@ -291,10 +291,13 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
         tied = self.config.tied
         for ell in range(self.config.depth):
             step = self._step(stack, ell, Y, carry, at_input, substeps, halvings, skipped)
-            steps.append(step)
             # tied: E and the attention pass at Y⁽ℓ⁾ carry over to layer ℓ + 1 (same layer, same basis)
             carry, at_input = (step.trace.output_pass, step.trace.at_output) if tied else (None, None)
             Y = stack.advance(ell, step.trace.output)
+            # only the energy terms are kept past this layer: the states, passes and hidden layers go now, so
+            # the forward holds O(1) of them instead of O(depth) (less memory, fresh pages and allocator churn)
+            step.trace = step.trace._replace(middle=None, output=None, input_pass=None, output_pass=None)
+            steps.append(step)
             if tied:   # same layer, same state: a sample skipped once stays skipped
                 skipped = skipped | (step.scale == 0)
         stack_rows = lambda rows: torch.stack(rows, dim=1)          # noqa: E731  (B, depth)
@@ -329,6 +332,8 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
             trial = stack.trial(ell, _take(Y, rows), rows, _take(carry, rows), scale, substeps, at_input is None)
             if at_input is None:
                 at_input = trial.at_input
+            if halvings is None and rows is None:                   # no safeguard: every sample takes the step as
+                return _Step(trial, at_input, Y.new_ones(B))        # it is (no copy into a kept trace)
             if carry is None and rows is None:
                 carry = trial.input_pass
             if step is None:

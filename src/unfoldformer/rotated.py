@@ -275,12 +275,13 @@ class RotatedStack:
         C = self.heads(Y, f.layer.attention.H)                      # (B, n, H, dh)
         return attention_pass(C, f.scales if f.A is None else None, valid, average=average, metric=f.A)
 
-    def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor,
-               attention: AttentionPass | None, hidden: Tensor | None) -> EnergyTerms:
+    def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, attention: AttentionPass | None,
+               hidden: Tensor | None, hidden_squares: Tensor | None = None) -> EnergyTerms:
         """E_ℓ's terms at Y (this basis): E_A (/n with length normalisation) + λ⁻¹½‖Y − X‖² and E_H, squares
         summed per row then in float64.
 
-        `attention`: the pass at Y (computed when None); `hidden`: ReLU(Y W̃ + b) when known."""
+        `attention`: the pass at Y (computed when None); `hidden`: ReLU(Y W̃ + b) when known, or its row squares
+        `hidden_squares` (B, n)."""
         att = f.layer.attention
         if self.exp:
             attention = attention if attention is not None else self._pass(f, Y, valid, average=False)
@@ -294,7 +295,7 @@ class RotatedStack:
         e_attention = e_attention + 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
         if f.W is None:
             return EnergyTerms(e_attention, torch.zeros_like(e_attention))
-        if hidden is None:
-            hidden = _hidden(Y, f)                                   # (B, n, m)
-        e_ffn = 0.5 * (_total(_row_squares(Y), valid) - _total(_row_squares(hidden), valid))
+        if hidden_squares is None:
+            hidden_squares = _row_squares(_hidden(Y, f) if hidden is None else hidden)   # (B, n)
+        e_ffn = 0.5 * (_total(_row_squares(Y), valid) - _total(hidden_squares, valid))
         return EnergyTerms(e_attention, e_ffn)
