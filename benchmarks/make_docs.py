@@ -296,7 +296,7 @@ def energy_speed(results: Path) -> str:
                  f"{gib:.3f} GiB above the input", "< 1 GiB", yes(gib < 1)])
     load = raw.get("load_average")
     return (f"*`python benchmarks/energy_speed.py --repeats {c['repeats']} --json benchmarks/results/{rel}`* "
-            f"(`benchmarks/results/{rel}`; every time at {_threads(raw, rel)}, CPU thread time; "
+            f"(every time at {_threads(raw, rel)}, CPU thread time; "
             + (f"load average {' – '.join(f'{x:.1f}' for x in load)}" if load
                else "load average not recorded in the file")
             + ")\n\n" + _md(["benchmark", "measured", "target", "met"], rows))
@@ -343,7 +343,7 @@ def rho_step(results: Path) -> str:
                     continue
                 rows.append([f"{' / '.join(group)}, {say}"] + cells)
         rounds = raw["setting"].get("rounds")
-        parts += [f"*`python benchmarks/rho_speed.py --json {rel}`* (`{rel}`; anchored step, B = 1, "
+        parts += [f"*`python benchmarks/rho_speed.py --json {rel}`* (anchored step, B = 1, "
                   f"d = {raw['setting']['d_model']}, {raw['setting']['heads']} heads, {raw['setting']['dtype']}, "
                   f"{threads}, {clock} over {rounds} rounds; exp: time, other rows: time / exp's; "
                   "peak memory above the input from n = 1,024)", "",
@@ -529,7 +529,7 @@ def layer_health(results: Path) -> str:
                      f"{sig(h['input_spread'])} → {sig(last['spread_after_layer'])}", small(h["logit_std"])])
     return (f"*`python benchmarks/layer_health.py RUN_DIR ... --samples {raw['samples']} "
             f"--json benchmarks/results/{rel}`* "
-            f"(`benchmarks/results/{rel}`, {raw['samples']} fixed test reviews; accuracy from each run's file in "
+            f"({raw['samples']} fixed test reviews; accuracy from each run's file in "
             "`benchmarks/results/study/`)\n\n"
             + _md(["model", "variant", "IMDB reduced acc (%)", f"ReLU units active, layers 1–{len(h['layers'])} (%)",
                    f"token norm, input → layer {len(h['layers'])}", f"token spread, input → layer {len(h['layers'])}",
