@@ -1,4 +1,5 @@
-"""The generated tables of README.md and the documentation's results pages, from `benchmarks/results/`.
+"""The generated tables of README.md and the documentation's results pages, from `benchmarks/results/` (and the
+pretrained models' cards, `src/unfoldformer/zoo/*/card.json`).
 
     python benchmarks/make_docs.py            # rewrite every generated block in place
     python benchmarks/make_docs.py --check    # exit 1 (naming the blocks) if a committed block is stale
@@ -28,7 +29,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md",
-         "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md")
+         "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
                    r"\(python benchmarks/make_docs.py\) -->\n")
 
@@ -248,10 +249,394 @@ def peers_seeds(results: Path) -> str:
                rows)
 
 
+
+def _load(results: Path, rel: str) -> dict:
+    return json.loads((results / rel).read_text())
+
+
+def _threads(raw: dict, where: str) -> str:
+    """'N thread(s)' from a speed file, or a sentence that the file does not record it."""
+    t = raw.get("threads", (raw.get("setting") or {}).get("threads"))
+    if t is None:
+        return f"thread count not recorded in `{where}`"
+    return f"{t} thread" + ("s" if t != 1 else "")
+
+
+def energy_speed(results: Path) -> str:
+    """The energy benchmark (`benchmarks/energy_speed.py --json`): the rows the script prints, from its file."""
+    rel = "speed/energy_speed.json"
+    raw = _load(results, rel)
+    a, b, c, d = raw["a"], raw["b"], raw["c"], raw["d"]
+    yes = lambda ok: "yes" if ok else "no"
+    rows = [[f"(a) energies of {a['samples']} sequences (mean {a['mean_len']:.0f}, max {a['max_len']} tokens, d = 300, "
+             f"batched by the caller): library {a['library_s']:.2f} s vs pair-difference reference "
+             f"{a['reference_s']:.1f} s", f"{a['speedup']:.0f}× faster, max rel. diff {a['max_rel_diff']:.1e}",
+             "≥ 50×, ≤ 1e-9", yes(a["speedup"] >= 50 and a["max_rel_diff"] <= 1e-9)],
+            [f"(b) one padded batch of {b['samples']} of them ({' × '.join(map(str, b['shape']))}, "
+             f"{b['real_tokens']:,} real tokens), one call: library {b['library_s']:.2f} s (Gram path "
+             f"{b['gram_s']:.1f} s, {b['gram_speedup']:.0f}×) vs reference {b['reference_s']:.1f} s",
+             f"{b['speedup']:.0f}× faster, max rel. diff {b['max_rel_diff']:.1e}", "≥ 50×", yes(b["speedup"] >= 50)]]
+    labels = {"curve": "`return_energies=True` (the curve)", "steps": "`return_energies=\"steps\"` (sub-steps too)",
+              "safeguard": "`safeguard=True` (curve, backtracking)"}
+    for mode, target in {"curve": 0.60, "steps": 1.10, "safeguard": None}.items():
+        over = c["overhead"][mode]
+        rows.append([f"(c) {labels[mode]}, 12-layer certified, B=32 n=128 d=384: {c['median_s']['plain']:.3f} s → "
+                     f"{c['median_s'][mode]:.3f} s (median of {c['repeats']})", f"+{100 * over:.0f} %",
+                     f"≤ +{round(100 * target)} %" if target else "–", yes(over <= target) if target else "–"])
+    if raw.get("c_joint"):
+        j = raw["c_joint"]
+        rows.append([f"(c') `return_energies=True`, 12-layer certified-joint, B=32 n=128 d=384: "
+                     f"{j['median_s']['plain']:.3f} s → {j['median_s']['curve']:.3f} s (median of {j['repeats']})",
+                     f"+{100 * j['overhead']:.0f} %", "≤ +15 %", yes(j["overhead"] <= 0.15)])
+    worst = max(c["max_rel_diff"].values())
+    rows.append(["(c) precision of every reported energy vs the float64 Gram reference (curve, 4 sub-step terms)",
+                 f"max {worst:.1e} relative", "≤ 1e-5", yes(worst <= 1e-5)])
+    gib = d["peak_bytes_above_input"] / 2**30
+    rows.append([f"(d) peak memory of the energy, n = {d['n']}, d = {d['d']}, 4 heads",
+                 f"{gib:.3f} GiB above the input", "< 1 GiB", yes(gib < 1)])
+    load = raw.get("load_average")
+    return (f"*`python benchmarks/energy_speed.py --repeats {c['repeats']} --json benchmarks/results/{rel}`* "
+            f"(every time at {_threads(raw, rel)}, CPU thread time; "
+            + (f"load average {' – '.join(f'{x:.1f}' for x in load)}" if load
+               else "load average not recorded in the file")
+            + ")\n\n" + _md(["benchmark", "measured", "target", "met"], rows))
+
+
+def _rho_speed_tables(raw: dict) -> list[tuple[str, str, dict]]:
+    """[(threads, clock, {n: {step/pass: {ρ: cell}}})] of `rho_speed.json`: one thread count per entry. Files
+    written before `rho_speed.py` alternated thread counts hold one (an int) and CPU thread time; later ones
+    hold {n: {threads: ...}} and wall time."""
+    setting, res = raw["setting"], raw["results"]
+    if isinstance(setting["threads"], int):
+        return [(_threads(raw, "rho_speed.json"), "median CPU thread time", res)]
+    return [(f"{t} thread" + ("s" if t != 1 else ""), "median wall time", {n: v[str(t)] for n, v in res.items()})
+            for t in setting["threads"]]
+
+
+def rho_step(results: Path) -> str:
+    """The general-ρ attention step (`benchmarks/rho_speed.py`): time of the anchored step per ρ and n."""
+    raw = _load(results, "speed/rho_speed.json")
+    rel = "benchmarks/results/speed/rho_speed.json"
+    parts = []
+    for threads, clock, res in _rho_speed_tables(raw):
+        lengths = sorted(res, key=int)
+        ms = lambda cell: f"{1e3 * cell['time_s']:.1f} ms" if cell["time_s"] < 0.1 else f"{1e3 * cell['time_s']:.0f} ms"
+        mib = lambda cell: "" if cell.get("peak_bytes") is None else f", {cell['peak_bytes'] / 2**20:,.0f} MiB"
+        rows = []
+        for step in ("forward", "forward+backward"):
+            key = f"anchored/{step}"
+            say = step.replace("+", " + ")
+            for group in (("exp",), ("log",), ("lp", "truncated", "linear"), ("log (dense)",)):
+                cells = []
+                for n in lengths:
+                    table = res[n][key]
+                    if any(r not in table for r in group):
+                        cells.append("–")
+                        continue
+                    big = int(n) >= 1024          # memory only where it is more than noise
+                    if group == ("exp",):
+                        cells.append(ms(table["exp"]) + (mib(table["exp"]) if big else ""))
+                    else:
+                        ratios = " / ".join(f"{table[r]['time_s'] / table['exp']['time_s']:.2f}×" for r in group)
+                        cells.append(ratios + (mib(table[group[0]]) if big and len(group) == 1 else ""))
+                if all(x == "–" for x in cells):
+                    continue
+                rows.append([f"{' / '.join(group)}, {say}"] + cells)
+        rounds = raw["setting"].get("rounds")
+        parts += [f"*`python benchmarks/rho_speed.py --json {rel}`* (anchored step, B = 1, "
+                  f"d = {raw['setting']['d_model']}, {raw['setting']['heads']} heads, {raw['setting']['dtype']}, "
+                  f"{threads}, {clock} over {rounds} rounds; exp: time, other rows: time / exp's; "
+                  "peak memory above the input from n = 1,024)", "",
+                  _md(["step"] + [f"n = {int(n):,}" for n in lengths], rows)]
+    return "\n".join(parts)
+
+
+def rho_cost(results: Path) -> str:
+    """Per ρ: the training step (`train_speed.py --rho`) and the attention step (`rho_speed.py`) against exp."""
+    train = _load(results, "speed/train_speed_rho.json")
+    times = train["step_times_s"]
+    lengths = list(times)
+    med = lambda n, v: statistics.median(times[n][v])
+    step = _rho_speed_tables(_load(results, "speed/rho_speed.json"))[0]
+    big = max(step[2], key=int)
+    attn = {p: step[2][big][f"anchored/{p}"] for p in ("forward", "forward+backward")}
+    rows = []
+    for rho, name in mt.RHO_NAMES.items():
+        cells = []
+        for model in ("certified-tied", "certified-untied"):
+            v = model if rho == "exp" else f"{model}:{rho}"
+            cells.append(" / ".join(f"{med(n, v) / med(n, model):.2f}×" if v in times[n] else "–" for n in lengths))
+        cells.append(" / ".join(f"{t[rho]['time_s'] / t['exp']['time_s']:.2f}×" if rho in t else "–"
+                                for t in attn.values()))
+        rows.append([name] + cells)
+    rounds = train.get("rounds") or len(next(iter(times[lengths[0]].values())))
+    clock = {"thread_time": "CPU thread time"}.get(train.get("clock"), train.get("clock")) or \
+        "clock not recorded in the file (train_speed.py timed wall time when it was written)"
+    n_say = " / ".join(lengths)
+    return (f"*Time of ρ / time of exp* (training step: `python benchmarks/train_speed.py --rho log lp truncated "
+            f"linear --json benchmarks/results/speed/train_speed_rho.json`, B = {train['batch_size']}, median of "
+            f"{rounds} rounds, {_threads(train, 'train_speed_rho.json')}, {clock}; attention step: "
+            f"`python benchmarks/rho_speed.py`, anchored, n = {int(big):,}, {step[0]}, {step[1]})\n\n"
+            + _md(["ρ", f"training step, certified (tied), n = {n_say}", f"training step, certified (untied), "
+                   f"n = {n_say}", f"attention step, n = {int(big):,}, forward / forward + backward"], rows))
+
+
+
+def _pct(v: float | None, digits: int = 1) -> str:
+    return "–" if v is None else f"{100 * v:.{digits}f}"
+
+
+def _never_rises(r: dict) -> float | None:
+    """Share of samples whose objective never rises, safeguard off: the certified model's curve, the Energy
+    Transformer's curve, CRATE's R^c in every layer."""
+    e, peer = r.get("energy") or {}, r.get("peer_energy") or {}
+    return next((v for v in (e.get("monotone_share"), peer.get("monotone_share"), peer.get("every_layer_lowers_share"))
+                 if v is not None), None)
+
+
+#: the reduced cells of the peers' page: the certified and standard ones from the fit study's baselines
+_PEER_CELLS = {"certified-tied": "study/{d}-certified-tied-v_baseline-seed0-reduced.json",
+               "standard": "study/{d}-standard-v_baseline-seed0-reduced.json",
+               "energy-transformer": "{d}-energy-transformer-seed0-reduced.json",
+               "crate": "{d}-crate-seed0-reduced.json"}
+_DESCENDS = {"certified-tied": "its energy E (THEORY §3), whole layers", "standard": "nothing",
+             "energy-transformer": "its energy E_att + E_Hopfield, at its trained α = 0.1",
+             "crate": "its coding rate R^c_ℓ, each layer's attention step"}
+
+
+def peers_reduced(results: Path) -> str:
+    """Seed 0 at the reduced budgets: who descends what, how often, at what accuracy and training speed."""
+    cell = {(m, d): _load(results, f.format(d=d)) for m, f in _PEER_CELLS.items() for d in ("sst2", "imdb")}
+    side = _load(results, "speed/train_speed_peers_3.json")
+    times = side["step_times_s"]
+    speed = lambda m: " / ".join(f"{statistics.median(times[n]['standard']) / statistics.median(times[n][m]):.2f}×"
+                                 for n in times)
+    imdb = lambda r, a, f: f"{_pct(r[a])} ({_pct(r.get(f))})"
+    rows = []
+    for m in ("certified-tied", "standard", "energy-transformer", "crate"):
+        s, i = cell[m, "sst2"], cell[m, "imdb"]
+        never = [_never_rises(r) for r in (s, i)]
+        said = "n/a" if all(v is None for v in never) else " / ".join(_pct(v) for v in never)
+        if m == "crate":
+            said += " (per layer step: " + " / ".join(_pct(r["peer_energy"]["layer_lowers_share"], 2)
+                                                      for r in (s, i)) + ")"
+        name = mt.NAMES[m] + (", safeguard off" if m == "certified-tied" else "")
+        rows.append([name, _DESCENDS[m], _pct(s["accuracy"]), imdb(i, "accuracy", "accuracy_full_length"), said,
+                     speed(m)])
+        if m == "certified-tied":
+            rows.append(["certified (tied), safeguard on", "the same, backtracking until it does",
+                         _pct(s["accuracy_safeguard"]), imdb(i, "accuracy_safeguard", "accuracy_full_length_safeguard"),
+                         " / ".join(_pct(r["energy_safeguard"]["monotone_share"]) for r in (s, i)), "(inference only)"])
+    n_say = " / ".join(times)
+    return ("*Seed 0, reduced budgets* (accuracy and descent: `benchmarks/results/study/{sst2,imdb}-{certified-tied,"
+            "standard}-v_baseline-seed0-reduced.json` by `python benchmarks/accuracy_study.py --dataset D --model M "
+            "--variants baseline`, `benchmarks/results/{sst2,imdb}-{energy-transformer,crate}-seed0-reduced.json` by "
+            "`python benchmarks/accuracy.py` with the budget flags below; speed: `python benchmarks/train_speed.py "
+            "--rounds 7 --variants certified-tied certified-untied standard energy-transformer crate --json "
+            "benchmarks/results/speed/train_speed_peers_3.json`, "
+            f"{side['rounds']} rounds, B = {side['batch_size']}, {_threads(side, 'train_speed_peers_3.json')}, "
+            f"load average {' – '.join(f'{x:.1f}' for x in side['load_average'])})\n\n"
+            + _md(["model", "descends", "SST-2 acc (%)", "IMDB acc (%) (full length)",
+                   "samples whose objective never rises (%) SST-2 / IMDB", f"training speed vs standard, n = {n_say}"],
+                  rows))
+
+
+def peers_imdb_seeds(results: Path) -> str:
+    """IMDB at the reduced budget: seed 0 (the first table's cells) and seed 1 (`results/peers/`)."""
+    rows = []
+    for m in ("certified-tied", "standard", "energy-transformer", "crate"):
+        s0 = _load(results, _PEER_CELLS[m].format(d="imdb"))
+        s1 = _load(results, f"peers/imdb-{m}-seed1-reduced.json")
+        variants = [("accuracy", "accuracy_full_length", _never_rises, ", safeguard off")]
+        if m == "certified-tied":
+            variants.append(("accuracy_safeguard", "accuracy_full_length_safeguard",
+                             lambda r: r["energy_safeguard"]["monotone_share"], ", safeguard on"))
+        for acc, full, never, suffix in variants:
+            v = never(s1)
+            rows.append([mt.NAMES[m] + (suffix if m == "certified-tied" else ""),
+                         f"{_pct(s0[acc])} / {_pct(s1[acc])} ({_pct((s0[acc] + s1[acc]) / 2)})", _pct(s1.get(full)),
+                         "n/a" if v is None else _pct(v) + (" (every layer's R^c)" if m == "crate" else "")])
+    return ("*IMDB reduced, seeds 0 and 1* (seed 0: the first table's files; seed 1: "
+            "`benchmarks/results/peers/imdb-*-seed1-reduced.json` by `python benchmarks/accuracy.py --all "
+            "--datasets imdb --models energy-transformer crate certified-tied standard --seeds 1 "
+            "--max-train-examples 4000 --epochs 1 --max-eval-examples 500 --results benchmarks/results/peers`)\n\n"
+            + _md(["model", "IMDB acc (%), seed 0 / seed 1 (mean)", "full length, seed 1 (%)",
+                   "samples never rising, seed 1 (%)"], rows))
+
+
+def peers_full(results: Path) -> str:
+    """SST-2 at the full budget: the certified models at lr 1e-3 and 3e-3, the standard one and the peers."""
+    by = mt.group(mt.load_results(results))["full"]["sst2"]
+    recs = lambda m, *changes: sorted(by.get((m, "exp", changes), []), key=lambda r: r["seed"])
+    one = lambda rs, f: (f"{_pct(f(rs[0]))} (seed {rs[0]['seed']})" if len(rs) == 1 else _seeds([f(r) for r in rs])
+                         if rs else "–")
+    spread = lambda vals: f"{_pct(vals[0])}" if len(vals) == 1 else mt.mean_std(vals).rsplit(" (", 1)[0]
+    acc = lambda r: r["accuracy"]
+    rows = []
+    for m, stat, words in (("certified-tied", "monotone_share", None),
+                           ("certified-untied", "layer_descent_share", "every layer its own energy")):
+        lo, hi = recs(m), recs(m, "optim.lr=0.003")
+        if not (lo or hi):
+            continue
+        off = " / ".join(spread([r["energy"][stat] for r in rs]) for rs in (lo, hi) if rs)
+        if words:
+            said = f"{words}: {off}"
+        else:
+            on = " / ".join(spread([r["energy_safeguard"][stat] for r in rs]) for rs in (lo, hi) if rs)
+            said = f"safeguard off {off}; on {on}"
+        rows.append([f"{mt.NAMES[m]}, lr 1e-3 / lr 3e-3", f"{one(lo, acc)} / {one(hi, acc)}", said])
+    std = recs("standard")
+    if std:
+        rows.append([mt.NAMES["standard"], one(std, acc), "n/a"])
+    for m in ("energy-transformer", "crate"):
+        rs = recs(m)
+        if not rs:
+            continue
+        if m == "crate":
+            said = ("every layer's R^c: " + " / ".join(_pct(r["peer_energy"]["every_layer_lowers_share"]) for r in rs)
+                    + " (attention steps lowering R^c: "
+                    + " / ".join(_pct(r["peer_energy"]["layer_lowers_share"], 0) for r in rs) + " %)")
+        else:
+            said = " / ".join(_pct(_never_rises(r)) for r in rs)
+        rows.append([mt.NAMES[m], one(rs, acc), said])
+    return ("*SST-2, full budget* (`benchmarks/results/sst2-*-seed*.json` by `python benchmarks/accuracy.py --all "
+            "--datasets sst2 --seeds 0 1 2`; lr 3e-3: `benchmarks/results/study/sst2-*-v_lr_3e-3-seed*.json` by "
+            "`python benchmarks/accuracy.py --dataset sst2 --model M --seed S --variant lr_3e-3 --set optim.lr=0.003 "
+            "--results benchmarks/results/study`)\n\n"
+            + _md(["model", "SST-2 dev acc (%)", "samples whose objective never rises (%)"], rows))
+
+
+def layer_health(results: Path) -> str:
+    """The per-layer health of the fit study's IMDB reduced runs (`benchmarks/layer_health.py --json`), with each
+    run's accuracy from its result file."""
+    rel = "study/health/imdb-reduced.json"
+    raw = _load(results, rel)
+    words = {"optim.lr": lambda v: f"lr {float(v):.0e}".replace("e-0", "e-"), "model.alpha_ffn": lambda v: f"α_FFN {v}"}
+    small = lambda v: f"{v:.1e}" if v < 0.01 else f"{v:.2f}"
+    sig = lambda v: f"{v:#.3g}" if v >= 1e-3 else f"{v:.1e}"
+    rows = []
+    for h in raw["runs"]:
+        cell = _load(results, f"study/{Path(h['run']).name}.json")
+        if cell["variant"] == "baseline":
+            variant = f"baseline (lr {h['lr']:.0e})".replace("e-0", "e-")
+        else:
+            variant = ", ".join(words[k](v) if k in words else f"{k} = {v}"
+                                for k, _, v in (c.partition("=") for c in cell["settings"]))
+        active = [100 * layer["relu_active"] for layer in h["layers"]]
+        last = h["layers"][-1]
+        rows.append([h["kind"], variant, _pct(cell["accuracy"]), f"{min(active):.1f}–{max(active):.1f}",
+                     f"{sig(h['input_norm'])} → {sig(last['norm_after_layer'])}",
+                     f"{sig(h['input_spread'])} → {sig(last['spread_after_layer'])}", small(h["logit_std"])])
+    return (f"*`python benchmarks/layer_health.py RUN_DIR ... --samples {raw['samples']} "
+            f"--json benchmarks/results/{rel}`* "
+            f"({raw['samples']} fixed test reviews; accuracy from each run's file in "
+            "`benchmarks/results/study/`)\n\n"
+            + _md(["model", "variant", "IMDB reduced acc (%)", f"ReLU units active, layers 1–{len(h['layers'])} (%)",
+                   f"token norm, input → layer {len(h['layers'])}", f"token spread, input → layer {len(h['layers'])}",
+                   "logit std over reviews"], rows))
+
+
+def zoo(results: Path) -> str:
+    """The pretrained models of `src/unfoldformer/zoo/`, from their cards (`tools/zoo_build.py`)."""
+    folder = results.parent.parent / "src" / "unfoldformer" / "zoo"
+    noun = {"sst2": "SST-2 sentences", "imdb": "IMDB reviews"}
+    rows = []
+    for card in sorted(folder.glob("*/card.json"), key=lambda p: p.parent.name != "sst2-certified-tied"):
+        c = json.loads(card.read_text())
+        run, sub = c["run"], c["subset"]
+        rows.append([f"`{c['name']}`", f"{c['data']['train_examples']:,} {noun[c['data']['dataset']]}",
+                     str(c["data"]["max_length"]),
+                     f"{run['accuracy']:.4f} ({run['eval_examples']:,} {run['eval_split']})",
+                     f"{sub['correct']} / {sub['examples']}"])
+    return ("*`src/unfoldformer/zoo/*/card.json`, written by `python tools/zoo_build.py RUN_DIR NAME --commit SHA "
+            "--command ...`*\n\n"
+            + _md(["name", "training data", "max length", "eval accuracy", "check subset"], rows))
+
+
+
+_SHORT = {"certified-tied": "tied", "certified-untied": "untied", "certified-joint": "joint (tied)",
+          "certified-joint-untied": "joint (untied)", "paper": "paper", "standard": "standard"}
+
+
+def _settings(by: dict, model: str) -> list[list[dict]]:
+    """A model's full-budget cells per optimiser setting (the default and `--set optim....` variants; variants that
+    change the model are left out), the setting with the most seeds first, then the higher mean accuracy."""
+    groups = [recs for (m, rho, changes), recs in by.items()
+              if m == model and rho == "exp" and all(c.startswith("optim.") for c in changes) and recs]
+    return sorted(groups, key=lambda rs: (-len(rs), -statistics.mean(r["accuracy"] for r in rs)))
+
+
+def _lr(recs: list[dict]) -> str:
+    return f"lr {recs[0]['config']['optim']['lr']:.0e}".replace("e-0", "e-")
+
+
+def accuracy_targets(results: Path) -> str:
+    """The accuracy and throughput targets against the full-budget cells; each model by its setting with the most
+    seeds (the others in parentheses)."""
+    full = mt.group(mt.load_results(results))["full"]
+    certified = [m for m in mt.MODELS if m.startswith("certified")]
+    ours = [m for m in mt.MODELS if m in _SHORT]
+    mean = lambda rs: statistics.mean(r["accuracy"] for r in rs)
+    used, rows = [], []
+    for d, title in (("sst2", "SST-2"), ("imdb", "IMDB at 256")):
+        by = full.get(d, {})
+        base = _settings(by, "standard")
+        if not base:
+            continue
+        base = base[0]
+        used += base
+        said, met = [], []
+        for m in certified:
+            sets = _settings(by, m)
+            if not sets:
+                continue
+            used += [r for rs in sets for r in rs]
+            main, rest = sets[0], sets[1:]
+            diff = 100 * (mean(main) - mean(base))
+            more = "".join(f"; {100 * mean(rs):.1f} at {_lr(rs)}" + (f", {len(rs)} seeds" if len(rs) > 1 else "")
+                           for rs in rest)
+            spread = mt.mean_std([r["accuracy"] for r in main]).rsplit(" (", 1)[0]
+            said.append(f"{_SHORT[m]} {diff:+.1f}".replace("-", "−")
+                        + f" ({spread}, {_lr(main)}, {len(main)} seed{'s' if len(main) > 1 else ''}{more})")
+            met.append((_SHORT[m], diff >= -1.0))
+        ok = [n for n, y in met if y]
+        rows.append([f"certified within 1 point of the baseline's mean, {title}",
+                     "; ".join(said) + f" vs {mt.mean_std([r['accuracy'] for r in base]).rsplit(' (', 1)[0]} "
+                     f"({len(base)} seeds)",
+                     "yes, all" if len(ok) == len(met) else "no" if not ok else "yes: " + ", ".join(ok)])
+    for d, title, goal in (("sst2", "SST-2 dev ≥ 80 %", 0.80), ("imdb", "IMDB test ≥ 86 % (at 256, all 25,000 reviews)",
+                                                                 0.86)):
+        by = full.get(d, {})
+        best = [(m, _settings(by, m)[0]) for m in ours if _settings(by, m)]
+        if not best:
+            continue
+        n_ok = sum(mean(rs) >= goal for _, rs in best)
+        rows.append([title, ", ".join(f"{_SHORT[m]} {100 * mean(rs):.1f}" for m, rs in best),
+                     "yes, all" if n_ok == len(best) else "no model" if not n_ok else f"{n_ok} of {len(best)}"])
+    side = _load(results, "speed/train_speed.json")
+    times = side["step_times_s"]
+    ratio = lambda n, m: statistics.median(times[n]["standard"]) / statistics.median(times[n][m])
+    kinds = [m for m in certified if all(m in times[n] for n in times)]
+    rows.append(["certified training throughput ≥ 1.0× the baseline",
+                 ", ".join(f"{_SHORT[m]} " + " / ".join(f"{ratio(n, m):.2f}×" for n in times) for m in kinds)
+                 + f" at n = {' / '.join(times)}, side by side",
+                 "yes" if all(ratio(n, m) >= 1.0 for m in kinds for n in times) else "no"])
+    commits = sorted({r["git_commit"][:7] for r in used if r.get("git_commit")})
+    return ("*Full budget* (the cells of the tables above: `benchmarks/results/*.json` by "
+            "`python benchmarks/accuracy.py --all --seeds 0 1 2`, lr 3e-3 in `benchmarks/results/study/`; "
+            "trained at commits " + ", ".join(commits)
+            + "; throughput: `python benchmarks/train_speed.py --json benchmarks/results/speed/train_speed.json`, "
+            f"{_threads(side, 'train_speed.json')}. Each model is given by its setting with the most seeds, the "
+            "others in parentheses; \"within 1 point\" is met when that setting's mean is at most 1 point below the "
+            "baseline's)\n\n" + _md(["target", "measured", "met"], rows))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "headline": headline, "accuracy-full": accuracy_full, "accuracy-reduced": accuracy_reduced,
     "rho-accuracy": rho_accuracy, "study": study, "train-speed": train_speed, "scaling": scaling,
-    "peers-seeds": peers_seeds}
+    "peers-seeds": peers_seeds, "energy-speed": energy_speed, "rho-step": rho_step, "rho-cost": rho_cost,
+    "peers-reduced": peers_reduced, "peers-imdb-seeds": peers_imdb_seeds, "peers-full": peers_full,
+    "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

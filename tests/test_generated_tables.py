@@ -44,3 +44,124 @@ def test_a_changed_result_file_changes_the_tables(tmp_path):
     # the standard row's mean over its three seeds moves: (0.5 + seeds 1, 2) / 3
     seeds = [json.loads((make_docs.RESULTS / f"sst2-standard-seed{s}.json").read_text())["accuracy"] for s in (1, 2)]
     assert f"{100 * (0.5 + sum(seeds)) / 3:.1f} ±" in changed and f"{100 * (0.5 + sum(seeds)) / 3:.1f} ±" not in old
+
+
+# The blocks that replaced hand-pasted tables: where each lives, and one change to its source file that must
+# show in the block (relative to a copy of the repository's layout: benchmarks/results/..., src/unfoldformer/zoo/...).
+def _scale(key, factor):
+    def change(raw):
+        path, leaf = key[:-1], key[-1]
+        node = raw
+        for k in path:
+            node = node[k]
+        node[leaf] = [v * factor for v in node[leaf]] if isinstance(node[leaf], list) else node[leaf] * factor
+    return change
+
+
+def _set(key, value):
+    def change(raw):
+        node = raw
+        for k in key[:-1]:
+            node = node[k]
+        node[key[-1]] = value
+    return change
+
+
+NEW_BLOCKS = {
+    "energy-speed": ("docs/results/speed.md", "benchmarks/results/speed/energy_speed.json",
+                     _set(("a", "speedup"), 10.0)),
+    "rho-step": ("docs/results/rho.md", "benchmarks/results/speed/rho_speed.json",
+                 _scale(("results", "64", "anchored/forward", "exp", "time_s"), 2.0)),
+    "rho-cost": ("docs/results/rho.md", "benchmarks/results/speed/train_speed_rho.json",
+                 _scale(("step_times_s", "64", "certified-tied:log"), 2.0)),
+    "peers-reduced": ("docs/results/peers.md", "benchmarks/results/sst2-crate-seed0-reduced.json",
+                      _set(("accuracy",), 0.5)),
+    "peers-imdb-seeds": ("docs/results/peers.md", "benchmarks/results/peers/imdb-crate-seed1-reduced.json",
+                         _set(("accuracy",), 0.5)),
+    "peers-full": ("docs/results/peers.md", "benchmarks/results/sst2-energy-transformer-seed1.json",
+                   _set(("accuracy",), 0.5)),
+    "layer-health": ("docs/results/fit-study.md", "benchmarks/results/study/health/imdb-reduced.json",
+                     _set(("runs", 0, "logit_std"), 0.123)),
+    "zoo": ("docs/guides/custom-model.md", "src/unfoldformer/zoo/sst2-certified-tied/card.json",
+            _set(("subset", "correct"), 1)),
+    "accuracy-targets": ("docs/results/accuracy.md", "benchmarks/results/speed/train_speed.json",
+                         _scale(("step_times_s", "64", "certified-tied"), 10.0)),
+}
+#: speed blocks and the files whose `threads` they must state
+SPEED_FILES = {"energy-speed": "benchmarks/results/speed/energy_speed.json",
+               "rho-cost": "benchmarks/results/speed/train_speed_rho.json",
+               "peers-reduced": "benchmarks/results/speed/train_speed_peers_3.json",
+               "accuracy-targets": "benchmarks/results/speed/train_speed.json"}
+
+
+def _committed_block(rel: str, name: str) -> str:
+    text = (REPO_ROOT / rel).read_text(encoding="utf-8")
+    start = text.index(f"<!-- generated: {name} (python benchmarks/make_docs.py) -->\n")
+    start = text.index("\n", start) + 1
+    return text[start:text.index(f"<!-- end: {name} -->", start)]
+
+
+def _copy_repo(tmp_path):
+    """The result files and the zoo's cards in the repository's layout under tmp_path; returns the results folder."""
+    shutil.copytree(make_docs.RESULTS, tmp_path / "benchmarks" / "results")
+    shutil.copytree(REPO_ROOT / "src" / "unfoldformer" / "zoo", tmp_path / "src" / "unfoldformer" / "zoo",
+                    ignore=shutil.ignore_patterns("*.safetensors", "__pycache__"))
+    return tmp_path / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("name", sorted(NEW_BLOCKS))
+def test_each_new_block_equals_what_make_docs_writes_from_the_committed_files(name):
+    rel = NEW_BLOCKS[name][0]
+    assert rel in make_docs.FILES
+    assert _committed_block(rel, name) == make_docs.BLOCKS[name](make_docs.RESULTS).rstrip("\n") + "\n", \
+        f"{name} in {rel} differs from its result file: run python benchmarks/make_docs.py"
+
+
+@pytest.mark.parametrize("name", sorted(NEW_BLOCKS))
+def test_a_hand_edit_of_a_new_block_is_caught(name):
+    rel = NEW_BLOCKS[name][0]
+    text = (REPO_ROOT / rel).read_text(encoding="utf-8")
+    block = _committed_block(rel, name)
+    digit = next(i for i, c in enumerate(block) if c.isdigit() and i > block.index("|"))   # a digit in the table
+    edited = block[:digit] + str((int(block[digit]) + 1) % 10) + block[digit + 1:]
+    hand_edited = text.replace(block, edited, 1)
+    assert hand_edited != text
+    assert make_docs.regenerate(hand_edited) == text        # the equality test above fails on the edited file
+
+
+@pytest.mark.parametrize("name", sorted(NEW_BLOCKS))
+def test_a_changed_source_file_changes_the_new_block(tmp_path, name):
+    _, source, change = NEW_BLOCKS[name]
+    results = _copy_repo(tmp_path)
+    path = tmp_path / source
+    raw = json.loads(path.read_text())
+    change(raw)
+    path.write_text(json.dumps(raw))
+    assert make_docs.BLOCKS[name](results) != make_docs.BLOCKS[name](make_docs.RESULTS)
+
+
+@pytest.mark.parametrize("name", sorted(SPEED_FILES))
+def test_speed_blocks_state_the_thread_count_of_their_file(tmp_path, name):
+    results = _copy_repo(tmp_path)
+    path = tmp_path / SPEED_FILES[name]
+    raw = json.loads(path.read_text())
+    assert f"{raw['threads']} thread" in make_docs.BLOCKS[name](make_docs.RESULTS)
+    raw["threads"] = 3
+    path.write_text(json.dumps(raw))
+    assert "3 threads" in make_docs.BLOCKS[name](results)
+    del raw["threads"]
+    path.write_text(json.dumps(raw))
+    assert "thread count not recorded" in make_docs.BLOCKS[name](results)
+
+
+def test_rho_step_reads_the_current_format_of_rho_speed(tmp_path):
+    """`rho_speed.py` now writes {n: {threads: ...}} at several thread counts (wall time): one table per count."""
+    results = _copy_repo(tmp_path)
+    path = results / "speed" / "rho_speed.json"
+    raw = json.loads(path.read_text())
+    raw["setting"]["threads"] = [1, 2]
+    raw["results"] = {n: {"1": v, "2": v} for n, v in raw["results"].items()}
+    path.write_text(json.dumps(raw))
+    out = make_docs.rho_step(results)
+    assert "1 thread, median wall time" in out and "2 threads, median wall time" in out
+    assert out.count("| step |") == 2
