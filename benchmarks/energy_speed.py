@@ -32,6 +32,11 @@ Usage: python benchmarks/energy_speed.py [--samples 200] [--repeats 5] [--quick]
 """
 from __future__ import annotations
 
+# isort: off
+# unfoldformer before torch: it sets OpenMP's wait policy (OMP_WAIT_POLICY=PASSIVE unless set,
+# src/unfoldformer/__init__.py) as every user of the library gets it
+import unfoldformer  # noqa: F401
+# isort: on
 import argparse
 import json
 import os

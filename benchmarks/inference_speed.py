@@ -22,6 +22,11 @@ cores) give the two thread counts; the 1-minute load average is printed beside t
 """
 from __future__ import annotations
 
+# isort: off
+# unfoldformer before torch: it sets OpenMP's wait policy (OMP_WAIT_POLICY=PASSIVE unless set,
+# src/unfoldformer/__init__.py) as every user of the library gets it
+import unfoldformer  # noqa: F401
+# isort: on
 import argparse
 import json
 import os

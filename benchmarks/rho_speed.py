@@ -25,6 +25,11 @@ cores are shared with other work).
 """
 from __future__ import annotations
 
+# isort: off
+# unfoldformer before torch: it sets OpenMP's wait policy (OMP_WAIT_POLICY=PASSIVE unless set,
+# src/unfoldformer/__init__.py) as every user of the library gets it
+import unfoldformer  # noqa: F401
+# isort: on
 import argparse
 import ctypes
 import os

@@ -24,6 +24,11 @@ n ≥ 1,024. Writes `benchmarks/results/scaling.png` and `benchmarks/results/spe
 """
 from __future__ import annotations
 
+# isort: off
+# unfoldformer before torch: it sets OpenMP's wait policy (OMP_WAIT_POLICY=PASSIVE unless set,
+# src/unfoldformer/__init__.py) as every user of the library gets it
+import unfoldformer  # noqa: F401
+# isort: on
 import argparse
 import json
 import math

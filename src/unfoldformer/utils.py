@@ -111,7 +111,8 @@ def environment() -> dict:
     import torch
     return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "torch_threads": torch.get_num_threads()}
 
 
 
