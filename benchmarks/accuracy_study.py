@@ -88,6 +88,16 @@ def run(dataset: str, model: str, variants: list[str], seed: int, extra: list[st
         accuracy.main(argv)
 
 
+def _cell_path(dataset: str, model: str, seed: int, variant: str, suffix: str, folder: Path = STUDY) -> Path:
+    """A variant's result file; the baseline (no change) at the full budget is the accuracy benchmark's own cell
+    (`benchmarks/results/<dataset>-<model>-seed<k>.json`) when the study has no file of its own."""
+    path = folder / f"{accuracy.cell_name(dataset, model, seed, variant=variant)}{suffix}.json"
+    if not path.exists() and variant == "baseline" and not suffix:
+        own = accuracy.RESULTS / f"{accuracy.cell_name(dataset, model, seed)}.json"
+        return own if own.exists() else path
+    return path
+
+
 def validate_budget(dataset: str, model: str, pair: list[str], seed: int, extra: list[str],
                     folder: Path = STUDY) -> str:
     """Run the two variants of `pair` at the screening and the full budget (cells with a result are kept)
@@ -95,7 +105,7 @@ def validate_budget(dataset: str, model: str, pair: list[str], seed: int, extra:
     for reduced in (True, False):
         for name in pair:
             suffix = "-reduced" if reduced else ""
-            if (folder / f"{accuracy.cell_name(dataset, model, seed, variant=name)}{suffix}.json").exists():
+            if _cell_path(dataset, model, seed, name, suffix, folder).exists():
                 continue
             argv = ["--dataset", dataset, "--model", model, "--seed", str(seed), "--results", str(folder),
                     *(BUDGETS[dataset] if reduced else []), *extra, "--variant", name]
@@ -110,7 +120,7 @@ def budget_agreement(dataset: str, model: str, pair: list[str], seed: int, folde
     acc = {}
     for name in pair:
         for budget, suffix in (("screening", "-reduced"), ("full", "")):
-            path = folder / f"{accuracy.cell_name(dataset, model, seed, variant=name)}{suffix}.json"
+            path = _cell_path(dataset, model, seed, name, suffix, folder)
             acc[name, budget] = json.loads(path.read_text())["accuracy"] if path.exists() else None
     lines = ["| variant | screening (%) | full (%) |", "|---|---|---|"]
     pct = lambda v: "–" if v is None else f"{100 * v:.1f}"           # noqa: E731
