@@ -36,11 +36,9 @@ from __future__ import annotations
 import unfoldformer  # noqa: F401
 # isort: on
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +48,7 @@ from accuracy import MODEL, OPTIM, RHO_MODELS, model_section  # the accuracy ben
 from unfoldformer.rho import RHO_FAMILY
 from unfoldformer.train import KINDS, TrainConfig
 from unfoldformer.train.build import build_classifier, make_optimizer
-from unfoldformer.utils import environment
+from unfoldformer.utils import environment, write_json
 
 NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
          "paper": "paper preset", "standard": "standard pre-LN Transformer",
@@ -153,13 +151,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="also step the certified models with these attention penalties")
     args = p.parse_args(argv)
     args.variants = list(args.variants) + [f"{m}:{r}" for r in args.rho for m in RHO_MODELS]
-    torch.set_num_threads(args.threads)
+    if args.threads:                                                # 0: PyTorch's default (all cores)
+        torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     table = _Table()
     load_before = os.getloadavg()[0]
     results = {n: measure(n, args.rounds, args.batch_size, table, args.variants) for n in args.lengths}
     load_after = os.getloadavg()[0]
     med = {n: {kind: {v: statistics.median(t) for v, t in r[kind].items()} for kind in r} for n, r in results.items()}
+    # ratios: CPU thread time at one thread (other processes move it far less than wall time); wall time at more
+    # threads, where the calling thread's CPU time leaves out the work of the others
+    clock = "thread" if torch.get_num_threads() == 1 else "wall"
     lines = ["| model | " + " | ".join(f"n = {n}: s/step (CPU) | n = {n}: s/step (wall) | n = {n}: speed vs standard"
                                       for n in args.lengths) + " |",
              "|---|" + "---|---|---|" * len(args.lengths)]
@@ -167,19 +169,21 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for n in args.lengths:
             cpu, wall = med[n]["thread"][v], med[n]["wall"][v]
-            ratio = med[n]["thread"]["standard"] / cpu if "standard" in med[n]["thread"] else float("nan")
+            times = med[n][clock]
+            ratio = times["standard"] / times[v] if "standard" in times else float("nan")
             target = TARGETS.get(v, {}).get(n)
             cells += [f"{cpu:.3f}", f"{wall:.3f}", f"{ratio:.2f}×" + (f" (target ≥ {target}×)" if target else "")]
             kind = v.partition(":")[0]
-            if ":" in v and kind in med[n]["thread"]:                  # and relative to the same model with exp
-                cells[-1] += f" ({med[n]['thread'][kind] / cpu:.2f}× exp)"
+            if ":" in v and kind in times:                            # and relative to the same model with exp
+                cells[-1] += f" ({times[kind] / times[v]:.2f}× exp)"
             alternating = JOINT_PEERS.get(v)
-            if alternating in med[n]["thread"]:                      # and relative to the alternating layer
-                cells[-1] += f" ({med[n]['thread'][alternating] / cpu:.2f}× alternating)"
+            if alternating in times:                                  # and relative to the alternating layer
+                cells[-1] += f" ({times[alternating] / times[v]:.2f}× alternating)"
         lines.append(f"| {variant_name(v)} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
-    print(f"\nB = {args.batch_size}, 20 % padding, a fresh batch per round, {args.threads} thread(s), flush-denormal "
-          f"on, median of {args.rounds} rounds after 2 warm-up rounds; ratios from CPU thread time; {environment()}")
+    print(f"\nB = {args.batch_size}, 20 % padding, a fresh batch per round, {torch.get_num_threads()} thread(s), "
+          f"flush-denormal on, median of {args.rounds} rounds after 2 warm-up rounds; ratios from "
+          f"{'CPU thread' if clock == 'thread' else 'wall'} time; {environment()}")
     waited = max(statistics.median(r["wall"][v]) / statistics.median(r["thread"][v])
                  for r in results.values() for v in args.variants)
     cores = os.cpu_count() or 1
@@ -188,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
               f"after, on {cores} cores; wall time up to {waited:.2f}× the thread time): absolute times are "
               "inflated, the side-by-side ratios much less so")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "batch_size": args.batch_size, "threads": args.threads, "rounds": args.rounds, "model": MODEL,
-            "flush_denormal": True, "fresh_batch_per_round": True, "clock": "thread_time",
+        write_json(args.json, {                                     # written whole (temporary file, then rename)
+            "batch_size": args.batch_size, "threads": torch.get_num_threads(), "rounds": args.rounds, "model": MODEL,
+            "flush_denormal": True, "fresh_batch_per_round": True,
+            "clock": "thread_time" if clock == "thread" else "wall",
             "step_times_s": {n: r["thread"] for n, r in results.items()},
             "wall_times_s": {n: r["wall"] for n, r in results.items()},
-            "load_average": [load_before, load_after], "machine": environment()}, indent=2) + "\n")
+            "load_average": [load_before, load_after], "machine": environment()}, indent=2)
     return 0
 
 
