@@ -59,7 +59,8 @@ NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (u
          "certified-joint": "certified-joint (tied, one MM step per layer)",
          "certified-joint-untied": "certified-joint (untied)"}
 #: variant -> (kind, model overrides)
-VARIANTS = {**{kind: (kind, {}) for kind in KINDS},
+VARIANTS = {**{kind: (kind, {}) for kind in KINDS if kind != "paper-as-released"},   # (the released formulas need
+            # one head at width 300: not this benchmark's size; they are not trained for accuracy either)
             "certified-tied-fixed-basis": ("certified-tied", {"learn_basis": False}),
             "certified-untied-cayley": ("certified-untied", {"basis_map": "cayley"}),
             "energy-transformer-explicit": ("energy-transformer", {})}
