@@ -188,3 +188,36 @@ def test_float32_energies_agree_with_the_float64_reference_and_give_the_same_des
         layer_flags = lowered(ref["layer_before"][0], ref["layer_after"][0], tol)
         rises, steps = rises + int((~layer_flags).sum()), steps + layer_flags.numel()
     assert 0 < rises < steps                                         # the flags were compared both ways
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_evaluation_reuses_the_frames_until_a_parameter_changes(tied):
+    """Without autograd each layer's frame (basis, QᵀW1, scales) is computed once and reused; any in-place
+    change of a parameter (an optimizer step, `load_state_dict`) or buffer is seen by the next forward, which
+    then equals a freshly built model with the same parameters, bit for bit."""
+    from unfoldformer.config import ModelConfig
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("certified", d_model=8, n_heads=2, depth=3, ffn_hidden=16, tied=tied)
+    model = UnfoldedTransformer(cfg).eval()
+    x = torch.randn(2, 5, 8)
+
+    def fresh():
+        other = UnfoldedTransformer(cfg).eval()
+        other.load_state_dict(model.state_dict())
+        return other(x).hidden
+
+    with torch.no_grad():
+        first = model(x).hidden
+        cached = model.layers[0].__dict__["_frame_cache"][torch.float32][1]
+        assert model(x).hidden.equal(first)
+        assert model.layers[0].__dict__["_frame_cache"][torch.float32][1] is cached   # reused, not rebuilt
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(x).hidden.square().sum().backward()                          # with autograd: no cache involved
+    opt.step()
+    with torch.no_grad():
+        after_step = model(x).hidden
+        assert not after_step.equal(first) and after_step.equal(fresh())
+        model.load_state_dict(UnfoldedTransformer(cfg).state_dict())    # every parameter replaced in place
+        assert model(x).hidden.equal(fresh())
+    with torch.inference_mode():
+        assert model(x).hidden.equal(fresh())

@@ -65,6 +65,25 @@ class _Frame(NamedTuple):
 
 
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
+    """The layer's operators in its own basis. Without autograd (evaluation, inference) they are computed once
+    and reused while the layer's parameters and buffers are unchanged: the key holds each tensor's storage and
+    version counter, which every in-place update (optimizer step, `load_state_dict`, `.to()`) changes, so a
+    stale frame is never returned. With autograd they are always recomputed (the graph must reach them)."""
+    state = _state(layer)
+    if torch.is_grad_enabled() or any(t.is_inference() for t in state):   # inference tensors have no version
+        return _build_frame(layer, dtype)
+    key = tuple((t.data_ptr(), t._version, t.device) for t in state)
+    cache = layer.__dict__.setdefault("_frame_cache", {})          # dtype -> (key, frame); not in the state dict
+    if dtype not in cache or cache[dtype][0] != key:
+        cache[dtype] = (key, _build_frame(layer, dtype))
+    return cache[dtype][1]
+
+
+def _state(layer: UnfoldedLayer) -> list[Tensor]:
+    return [*layer.parameters(), *(b for b in layer.buffers() if b is not None)]
+
+
+def _build_frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     att, ffn = layer.attention, layer.ffn
     Q = None if att.basis is None else att.basis.weight.to(dtype)
     W1 = None if ffn is None else ffn.W1.to(dtype)
