@@ -174,8 +174,11 @@ def test_quick_study_writes_everything_repeatably_and_reads_result_files(tmp_pat
     assert set(sources["trained-untied"]) == {"exp", "sqrt"}
     assert all("missing" not in r for by_rho in sources.values() for r in by_rho.values())
     comparisons = results["datasets"]["sst2"]["comparisons"]
-    assert {c["rho"] for c in comparisons} == {"sqrt"} and {c["source"] for c in comparisons} == {"random",
-                                                                                                    "trained-tied"}
+    assert {c["rho"] for c in comparisons} == {"sqrt"}
+    assert {c["source"] for c in comparisons} == {"random", "random-joint", "trained-tied", "trained-joint"}
+    for label in ("random-joint", "trained-joint"):                # the joint layer descends by construction
+        for rho in ("exp", "sqrt"):
+            assert sources[label][rho]["dynamics"]["model"]["energy_monotone_share"] == 1.0, (label, rho)
     assert "Every model of every ρ is present" in (first / "rho_study.md").read_text()
 
     second = tmp_path / "b"                                        # models retrained from scratch, same seed

@@ -26,8 +26,10 @@ def render_markdown(results: dict) -> str:
              f"{s['samples']} random held-out sentences each (seed {s['seed']}), truncated at "
              f"{', '.join(f'{d} {n}' for d, n in s['max_lengths'].items())} tokens; frozen MiniLM word-piece "
              f"embeddings, the same sentences for every ρ. Models: the certified preset ({arch}): *random* = tied "
-             "model at initialisation, identical weights for every ρ (only the kernel differs); *trained-tied* / "
-             f"*trained-untied* = trained models of each ρ. Tied models are unrolled for {s['steps']} steps. "
+             "model at initialisation, identical weights for every ρ (only the kernel differs); *random-joint* = the "
+             "same with the joint layer (THEORY §3.7: one step on the whole layer energy); *trained-tied* / "
+             "*trained-untied* / *trained-joint* = trained models of each ρ. "
+             f"Tied models are unrolled for {s['steps']} steps. "
              f"Wall time {results['wall_seconds']:.0f} s.", ""]
     lines += _missing(results)
     for dataset, data in results["datasets"].items():

@@ -21,17 +21,23 @@ from ..train.checkpoint import CheckpointError, load_classifier
 from ..train.config import TrainConfig
 from .settings import QUICK_TRAINING, RhoStudySettings
 
-__all__ = ["SOURCES", "Source", "cell_name", "random_model", "trained_model"]
+__all__ = ["SOURCES", "Source", "cell_name", "is_random", "random_model", "trained_model"]
 
-#: label -> model kind of the accuracy benchmark (None: random init, tied)
-SOURCES = {"random": None, "trained-tied": "certified-tied", "trained-untied": "certified-untied"}
+#: label -> model kind of the accuracy benchmark; `random*` labels are that kind at initialisation (tied)
+SOURCES = {"random": "certified-tied", "random-joint": "certified-joint", "trained-tied": "certified-tied",
+           "trained-untied": "certified-untied", "trained-joint": "certified-joint"}
+
+
+def is_random(label: str) -> bool:
+    """Whether a source label stands for a model at initialisation (not trained)."""
+    return label.startswith("random")
 
 
 @dataclass
 class Source:
     """One model of one ρ, or the reason it is missing."""
 
-    label: str                              # random | trained-tied | trained-untied
+    label: str                              # a key of SOURCES
     rho: str
     model: SequenceClassifier | None
     origin: str                             # where it came from (seed, result file, budget)
@@ -64,11 +70,12 @@ def train_config(kind: str, rho: str, settings: RhoStudySettings, dataset: str,
     })
 
 
-def random_model(rho: str, settings: RhoStudySettings, dataset: str, embeddings) -> Source:
-    """The tied certified model of ρ at initialisation; the same parameters for every ρ (seeded)."""
+def random_model(rho: str, settings: RhoStudySettings, dataset: str, embeddings, label: str = "random") -> Source:
+    """The tied certified model of `label`'s kind (alternating or joint layer) and ρ at initialisation; the same
+    parameters for every ρ (seeded)."""
     torch.manual_seed(settings.seed)
-    model = build_classifier(train_config("certified-tied", rho, settings, dataset), embeddings).eval()
-    return Source("random", rho, model, f"random initialisation, seed {settings.seed}")
+    model = build_classifier(train_config(SOURCES[label], rho, settings, dataset), embeddings).eval()
+    return Source(label, rho, model, f"random initialisation, seed {settings.seed}")
 
 
 def trained_model(label: str, rho: str, settings: RhoStudySettings, dataset: str, models_dir: Path) -> Source:

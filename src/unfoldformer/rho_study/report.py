@@ -21,7 +21,7 @@ from ..runs import check_output_location, staged_output
 from ..utils import atomic_write_text, environment, torch_threads, write_json
 from .figures import plot_dynamics, plot_kernel, plot_maps, plot_sweep
 from .markdown import render_markdown
-from .models import SOURCES, random_model, trained_model
+from .models import SOURCES, is_random, random_model, trained_model
 from .settings import RhoStudySettings
 from .study import DYNAMICS, TIMES, load_inputs, study_model
 from .verdicts import accuracy_table, compare_to_exp, speed_table
@@ -48,7 +48,7 @@ def _run(settings: RhoStudySettings, out: Path, start: float, progress) -> dict:
             sources: dict = {label: {} for label in SOURCES}
             for label in SOURCES:
                 for rho in settings.rhos:
-                    source = (random_model(rho, settings, dataset, embeddings) if label == "random"
+                    source = (random_model(rho, settings, dataset, embeddings, label) if is_random(label)
                               else trained_model(label, rho, settings, dataset, out / "models"))
                     sweep = label == "random" and dataset == settings.datasets[0]   # the scale sweep: once
                     sources[label][rho] = ({"missing": source.origin} if source.missing
