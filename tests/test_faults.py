@@ -143,18 +143,47 @@ def _manifest_matches(out: Path) -> dict:
     return manifest
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """`pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; workers die with their parent on Linux")
 def test_sigkill_of_reproduce_leaves_the_earlier_output_and_a_rerun_completes(tmp_path):
     out = tmp_path / "repro"
     first = _reproduce(out)
     assert first.wait(timeout=300) == 0, first.stderr.read()
     earlier = {p.name: p.read_bytes() for p in out.iterdir()}
-    killed = _reproduce(out, "--seed", "1")
+    killed = _reproduce(out, "--seed", "1", "--threads", "2")                      # two worker processes
     deadline = time.time() + 120
-    while not list(tmp_path.glob(".repro.tmp-*/config.json")) and killed.poll() is None and time.time() < deadline:
+    while (not (list(tmp_path.glob(".repro.tmp-*/config.json")) and _children(killed.pid))
+           and killed.poll() is None and time.time() < deadline):
         time.sleep(0.005)
+    workers = _children(killed.pid)
+    assert workers, "the reproduction started no worker process"
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL
+    deadline = time.time() + 30                                                 # its workers die with it
+    while any(_alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.01)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived the killed reproduction"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier           # untouched, still whole
     assert ".repro.lock" in _leftovers(out)                                     # stale lock of the dead run
     rerun = _reproduce(out, "--seed", "1")

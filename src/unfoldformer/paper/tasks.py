@@ -16,6 +16,7 @@ PNG), `train_job` (one recipe through `unfoldformer.train`, writing its run fold
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -34,9 +35,21 @@ class Job:
     after: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _one_thread() -> None:
+def _worker_init(parent: int) -> None:
+    """One torch and BLAS thread; on Linux, the worker dies with the process that started it, so a killed
+    reproduction leaves no worker behind still writing into its (abandoned) output folder."""
+    import os
+    import signal
+    import sys
+
     import torch
     from threadpoolctl import threadpool_limits
+    if sys.platform.startswith("linux"):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))                         # PR_SET_PDEATHSIG
+        if os.getppid() != parent:                                 # the parent died before the line above
+            os._exit(1)
     torch.set_num_threads(1)
     threadpool_limits(1)
 
@@ -77,7 +90,8 @@ def run_jobs(jobs: dict[str, Job], workers: int,
         raise ValueError(f"jobs depend on unknown jobs: {sorted(unknown)}")
     pending, results, running = dict(jobs), {}, {}
     executor = (_Inline() if workers <= 1 else
-                ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_one_thread))
+                ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init, initargs=(os.getpid(),)))
     with executor as ex:
         try:
             while pending or running:
