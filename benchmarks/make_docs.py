@@ -25,6 +25,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import make_table as mt  # the accuracy table's loading and cell formatting (same folder)
+from docs_common import load as _load
+from docs_common import md as _md
+from docs_common import threads_said as _threads
+from docs_speed import (
+    energy_peak,
+    energy_speed,
+    inference_energies,
+    inference_speed,
+    inference_speed_2threads,
+    rho_busy,
+    rho_cost,
+    rho_step,
+    rho_threads,
+    scaling,
+    train_speed,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -32,12 +48,6 @@ FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/ac
          "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
                    r"\(python benchmarks/make_docs.py\) -->\n")
-
-
-def _md(head: list[str], rows: list[list[str]]) -> str:
-    assert len(head) <= 8, head
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                     + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
 def _speed(results: Path) -> dict | None:
@@ -115,10 +125,10 @@ def rho_accuracy(results: Path) -> str:
 
 
 def headline(results: Path) -> str:
-    """SST-2, full budget: accuracy, training speed (one side-by-side run), unaided descent, for the
-    certified models, the standard Transformer and the peers."""
+    """SST-2, full budget: accuracy, training speed (`train_speed.json`: one side-by-side run), unaided descent, for
+    the certified models, the standard Transformer and the peers."""
     by = mt.group(mt.load_results(results))["full"]["sst2"]
-    side = json.loads((results / "speed" / "train_speed_peers_3.json").read_text())["step_times_s"]
+    side = json.loads((results / "speed" / "train_speed.json").read_text())["step_times_s"]
     ratio = lambda m, n: statistics.median(side[n]["standard"]) / statistics.median(side[n][m])
     pct = lambda v: mt.mean_std(v).replace(" (1)", "").rsplit(" (", 1)[0] if v else "n/a"
     rows = []
@@ -127,6 +137,9 @@ def headline(results: Path) -> str:
             (("certified-tied", "exp", ()), "certified (tied), default lr 1e-3", "its energy E"),
             (("certified-untied", "exp", ("optim.lr=0.003",)), "certified (untied), lr 3e-3",
              "each layer its own E_ℓ"),
+            (("certified-joint", "exp", ()), "certified-joint (tied)", "its energy E, by construction"),
+            (("certified-joint-untied", "exp", ()), "certified-joint (untied)",
+             "each layer its own E_ℓ, by construction"),
             (("standard", "exp", ()), "standard pre-LN Transformer", "nothing"),
             (("energy-transformer", "exp", ()), "Energy Transformer (peer)", "its energy"),
             (("crate", "exp", ()), "CRATE (peer)", "its coding rate, per layer")):
@@ -134,13 +147,13 @@ def headline(results: Path) -> str:
         if not recs:
             continue
         model = key[0]
-        if model == "certified-untied":
+        per_layer = model in ("certified-untied", "certified-joint-untied")
+        if per_layer:
             unaided = mt._energy(recs, "energy", "layer_descent_share")
         else:
             unaided = (mt._energy(recs, "energy", "monotone_share") or mt._energy(recs, "peer_energy", "monotone_share")
                        or mt._energy(recs, "peer_energy", "every_layer_lowers_share"))
-        guarded = mt._energy(recs, "energy_safeguard", "layer_descent_share" if model == "certified-untied"
-                             else "monotone_share")
+        guarded = mt._energy(recs, "energy_safeguard", "layer_descent_share" if per_layer else "monotone_share")
         speed = f"{ratio(model, '64'):.2f}× / {ratio(model, '256'):.2f}×" if model in side["64"] else "–"
         rows.append([name, descends, f"{pct(mt._values(recs, 'accuracy'))} ({len(recs)})", speed, pct(unaided),
                      pct(guarded)])
@@ -177,48 +190,6 @@ def study(results: Path) -> str:
              "never rises, safeguard on (%)", "training tokens/s"], desc)])
 
 
-def train_speed(results: Path) -> str:
-    """The side-by-side training-step times (`benchmarks/train_speed.py`), one table per run file."""
-    from train_speed import variant_name
-    parts = []
-    for fname, title in (("train_speed.json", "The accuracy benchmark's models and two variants"),
-                         ("train_speed_peers_3.json", "With the peers")):
-        raw = json.loads((results / "speed" / fname).read_text())
-        times = raw["step_times_s"]
-        lengths = list(times)
-        rows = []
-        for v in times[lengths[0]]:
-            cells = []
-            for n in lengths:
-                med = statistics.median(times[n][v])
-                cells += [f"{med:.3f}", f"{statistics.median(times[n]['standard']) / med:.2f}×"]
-            rows.append([variant_name(v)] + cells)
-        head = ["model"] + [h for n in lengths for h in (f"n = {n}: s/step (CPU)", f"n = {n}: vs standard")]
-        load = " – ".join(f"{x:.1f}" for x in raw["load_average"])
-        parts += [f"*{title}* (`benchmarks/results/speed/{fname}`; {raw['rounds']} rounds, B = {raw['batch_size']}, "
-                  f"{raw['threads']} thread, load average {load})", "", _md(head, rows)]
-    return "\n".join(parts)
-
-
-def scaling(results: Path) -> str:
-    """Time and peak memory against n (`benchmarks/scaling.py`): one table each, then the fitted exponents."""
-    raw = json.loads((results / "speed" / "scaling.json").read_text())
-    lengths = sorted({p["n"] for pts in raw["points"].values() for p in pts})[-7:]
-    out = []
-    for title, cell in (("CPU time (s)", lambda p: f"{p['time_s']:.3g}"),
-                        ("peak memory above the inputs (MiB)", lambda p: f"{p['peak_bytes'] / 2**20:.0f}")):
-        rows = []
-        for series, pts in raw["points"].items():
-            by_n = {p["n"]: p for p in pts}
-            rows.append([series] + [cell(by_n[n]) if n in by_n else "–" for n in lengths])
-        out += [f"*{title}*", "", _md(["series"] + [f"n = {n:,}" for n in lengths], rows)]
-    fmt = lambda v: "–" if v is None else f"{v:.2f}"
-    out += ["*Log-log slopes over n ≥ 1,024*", "",
-            _md(["series", "time exponent", "memory exponent"],
-                [[s, fmt(e["time"]), fmt(e["memory"])] for s, e in raw["exponents"].items()])]
-    return "\n".join(out)
-
-
 def _seeds(values: list[float]) -> str:
     """'m ± s (v0, v1, ...)' in per cent."""
     each = ", ".join(f"{100 * v:.1f}" for v in values)
@@ -247,138 +218,6 @@ def peers_seeds(results: Path) -> str:
                          " / ".join(f"{100 * v:.1f}" for v in guarded)])
     return _md(["model", "SST-2 dev acc (%), mean ± std (seeds 0, 1, 2)", "objective never rises (%), per seed"],
                rows)
-
-
-
-def _load(results: Path, rel: str) -> dict:
-    return json.loads((results / rel).read_text())
-
-
-def _threads(raw: dict, where: str) -> str:
-    """'N thread(s)' from a speed file, or a sentence that the file does not record it."""
-    t = raw.get("threads", (raw.get("setting") or {}).get("threads"))
-    if t is None:
-        return f"thread count not recorded in `{where}`"
-    return f"{t} thread" + ("s" if t != 1 else "")
-
-
-def energy_speed(results: Path) -> str:
-    """The energy benchmark (`benchmarks/energy_speed.py --json`): the rows the script prints, from its file."""
-    rel = "speed/energy_speed.json"
-    raw = _load(results, rel)
-    a, b, c, d = raw["a"], raw["b"], raw["c"], raw["d"]
-    yes = lambda ok: "yes" if ok else "no"
-    rows = [[f"(a) energies of {a['samples']} sequences (mean {a['mean_len']:.0f}, max {a['max_len']} tokens, d = 300, "
-             f"batched by the caller): library {a['library_s']:.2f} s vs pair-difference reference "
-             f"{a['reference_s']:.1f} s", f"{a['speedup']:.0f}× faster, max rel. diff {a['max_rel_diff']:.1e}",
-             "≥ 50×, ≤ 1e-9", yes(a["speedup"] >= 50 and a["max_rel_diff"] <= 1e-9)],
-            [f"(b) one padded batch of {b['samples']} of them ({' × '.join(map(str, b['shape']))}, "
-             f"{b['real_tokens']:,} real tokens), one call: library {b['library_s']:.2f} s (Gram path "
-             f"{b['gram_s']:.1f} s, {b['gram_speedup']:.0f}×) vs reference {b['reference_s']:.1f} s",
-             f"{b['speedup']:.0f}× faster, max rel. diff {b['max_rel_diff']:.1e}", "≥ 50×", yes(b["speedup"] >= 50)]]
-    labels = {"curve": "`return_energies=True` (the curve)", "steps": "`return_energies=\"steps\"` (sub-steps too)",
-              "safeguard": "`safeguard=True` (curve, backtracking)"}
-    for mode, target in {"curve": 0.60, "steps": 1.10, "safeguard": None}.items():
-        over = c["overhead"][mode]
-        rows.append([f"(c) {labels[mode]}, 12-layer certified, B=32 n=128 d=384: {c['median_s']['plain']:.3f} s → "
-                     f"{c['median_s'][mode]:.3f} s (median of {c['repeats']})", f"+{100 * over:.0f} %",
-                     f"≤ +{round(100 * target)} %" if target else "–", yes(over <= target) if target else "–"])
-    if raw.get("c_joint"):
-        j = raw["c_joint"]
-        rows.append([f"(c') `return_energies=True`, 12-layer certified-joint, B=32 n=128 d=384: "
-                     f"{j['median_s']['plain']:.3f} s → {j['median_s']['curve']:.3f} s (median of {j['repeats']})",
-                     f"+{100 * j['overhead']:.0f} %", "≤ +15 %", yes(j["overhead"] <= 0.15)])
-    worst = max(c["max_rel_diff"].values())
-    rows.append(["(c) precision of every reported energy vs the float64 Gram reference (curve, 4 sub-step terms)",
-                 f"max {worst:.1e} relative", "≤ 1e-5", yes(worst <= 1e-5)])
-    gib = d["peak_bytes_above_input"] / 2**30
-    rows.append([f"(d) peak memory of the energy, n = {d['n']}, d = {d['d']}, 4 heads",
-                 f"{gib:.3f} GiB above the input", "< 1 GiB", yes(gib < 1)])
-    load = raw.get("load_average")
-    return (f"*`python benchmarks/energy_speed.py --repeats {c['repeats']} --json benchmarks/results/{rel}`* "
-            f"(every time at {_threads(raw, rel)}, CPU thread time; "
-            + (f"load average {' – '.join(f'{x:.1f}' for x in load)}" if load
-               else "load average not recorded in the file")
-            + ")\n\n" + _md(["benchmark", "measured", "target", "met"], rows))
-
-
-def _rho_speed_tables(raw: dict) -> list[tuple[str, str, dict]]:
-    """[(threads, clock, {n: {step/pass: {ρ: cell}}})] of `rho_speed.json`: one thread count per entry. Files
-    written before `rho_speed.py` alternated thread counts hold one (an int) and CPU thread time; later ones
-    hold {n: {threads: ...}} and wall time."""
-    setting, res = raw["setting"], raw["results"]
-    if isinstance(setting["threads"], int):
-        return [(_threads(raw, "rho_speed.json"), "median CPU thread time", res)]
-    return [(f"{t} thread" + ("s" if t != 1 else ""), "median wall time", {n: v[str(t)] for n, v in res.items()})
-            for t in setting["threads"]]
-
-
-def rho_step(results: Path) -> str:
-    """The general-ρ attention step (`benchmarks/rho_speed.py`): time of the anchored step per ρ and n."""
-    raw = _load(results, "speed/rho_speed.json")
-    rel = "benchmarks/results/speed/rho_speed.json"
-    parts = []
-    for threads, clock, res in _rho_speed_tables(raw):
-        lengths = sorted(res, key=int)
-        ms = lambda cell: f"{1e3 * cell['time_s']:.1f} ms" if cell["time_s"] < 0.1 else f"{1e3 * cell['time_s']:.0f} ms"
-        mib = lambda cell: "" if cell.get("peak_bytes") is None else f", {cell['peak_bytes'] / 2**20:,.0f} MiB"
-        rows = []
-        for step in ("forward", "forward+backward"):
-            key = f"anchored/{step}"
-            say = step.replace("+", " + ")
-            for group in (("exp",), ("log",), ("lp", "truncated", "linear"), ("log (dense)",)):
-                cells = []
-                for n in lengths:
-                    table = res[n][key]
-                    if any(r not in table for r in group):
-                        cells.append("–")
-                        continue
-                    big = int(n) >= 1024          # memory only where it is more than noise
-                    if group == ("exp",):
-                        cells.append(ms(table["exp"]) + (mib(table["exp"]) if big else ""))
-                    else:
-                        ratios = " / ".join(f"{table[r]['time_s'] / table['exp']['time_s']:.2f}×" for r in group)
-                        cells.append(ratios + (mib(table[group[0]]) if big and len(group) == 1 else ""))
-                if all(x == "–" for x in cells):
-                    continue
-                rows.append([f"{' / '.join(group)}, {say}"] + cells)
-        rounds = raw["setting"].get("rounds")
-        parts += [f"*`python benchmarks/rho_speed.py --json {rel}`* (anchored step, B = 1, "
-                  f"d = {raw['setting']['d_model']}, {raw['setting']['heads']} heads, {raw['setting']['dtype']}, "
-                  f"{threads}, {clock} over {rounds} rounds; exp: time, other rows: time / exp's; "
-                  "peak memory above the input from n = 1,024)", "",
-                  _md(["step"] + [f"n = {int(n):,}" for n in lengths], rows)]
-    return "\n".join(parts)
-
-
-def rho_cost(results: Path) -> str:
-    """Per ρ: the training step (`train_speed.py --rho`) and the attention step (`rho_speed.py`) against exp."""
-    train = _load(results, "speed/train_speed_rho.json")
-    times = train["step_times_s"]
-    lengths = list(times)
-    med = lambda n, v: statistics.median(times[n][v])
-    step = _rho_speed_tables(_load(results, "speed/rho_speed.json"))[0]
-    big = max(step[2], key=int)
-    attn = {p: step[2][big][f"anchored/{p}"] for p in ("forward", "forward+backward")}
-    rows = []
-    for rho, name in mt.RHO_NAMES.items():
-        cells = []
-        for model in ("certified-tied", "certified-untied"):
-            v = model if rho == "exp" else f"{model}:{rho}"
-            cells.append(" / ".join(f"{med(n, v) / med(n, model):.2f}×" if v in times[n] else "–" for n in lengths))
-        cells.append(" / ".join(f"{t[rho]['time_s'] / t['exp']['time_s']:.2f}×" if rho in t else "–"
-                                for t in attn.values()))
-        rows.append([name] + cells)
-    rounds = train.get("rounds") or len(next(iter(times[lengths[0]].values())))
-    clock = {"thread_time": "CPU thread time"}.get(train.get("clock"), train.get("clock")) or \
-        "clock not recorded in the file (train_speed.py timed wall time when it was written)"
-    n_say = " / ".join(lengths)
-    return (f"*Time of ρ / time of exp* (training step: `python benchmarks/train_speed.py --rho log lp truncated "
-            f"linear --json benchmarks/results/speed/train_speed_rho.json`, B = {train['batch_size']}, median of "
-            f"{rounds} rounds, {_threads(train, 'train_speed_rho.json')}, {clock}; attention step: "
-            f"`python benchmarks/rho_speed.py`, anchored, n = {int(big):,}, {step[0]}, {step[1]})\n\n"
-            + _md(["ρ", f"training step, certified (tied), n = {n_say}", f"training step, certified (untied), "
-                   f"n = {n_say}", f"attention step, n = {int(big):,}, forward / forward + backward"], rows))
 
 
 
@@ -636,7 +475,10 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "rho-accuracy": rho_accuracy, "study": study, "train-speed": train_speed, "scaling": scaling,
     "peers-seeds": peers_seeds, "energy-speed": energy_speed, "rho-step": rho_step, "rho-cost": rho_cost,
     "peers-reduced": peers_reduced, "peers-imdb-seeds": peers_imdb_seeds, "peers-full": peers_full,
-    "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets}
+    "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets,
+    "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
+    "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
+    "inference-energies": inference_energies}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

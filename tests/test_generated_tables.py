@@ -71,7 +71,7 @@ NEW_BLOCKS = {
     "energy-speed": ("docs/results/speed.md", "benchmarks/results/speed/energy_speed.json",
                      _set(("a", "speedup"), 10.0)),
     "rho-step": ("docs/results/rho.md", "benchmarks/results/speed/rho_speed.json",
-                 _scale(("results", "64", "anchored/forward", "exp", "time_s"), 2.0)),
+                 _scale(("results", "64", "1", "anchored/forward", "exp", "time_s"), 2.0)),
     "rho-cost": ("docs/results/rho.md", "benchmarks/results/speed/train_speed_rho.json",
                  _scale(("step_times_s", "64", "certified-tied:log"), 2.0)),
     "peers-reduced": ("docs/results/peers.md", "benchmarks/results/sst2-crate-seed0-reduced.json",
@@ -86,12 +86,28 @@ NEW_BLOCKS = {
             _set(("subset", "correct"), 1)),
     "accuracy-targets": ("docs/results/accuracy.md", "benchmarks/results/speed/train_speed.json",
                          _scale(("step_times_s", "64", "certified-tied"), 10.0)),
+    "train-speed": ("docs/results/speed.md", "benchmarks/results/speed/train_speed_2threads.json",
+                    _scale(("step_times_s", "64", "certified-tied"), 2.0)),
+    "energy-peak": ("docs/results/speed.md", "benchmarks/results/speed/energy_speed_peak.json",
+                    _scale(("e", "per_threads", "1", "fused (float64)"), 2.0)),
+    "rho-busy": ("docs/results/rho.md", "benchmarks/results/speed/rho_speed_busy.json",
+                 _scale(("results", "4096", "2", "anchored/forward", "log", "time_s"), 2.0)),
+    "rho-threads": ("docs/results/rho.md", "benchmarks/results/speed/rho_speed.json",
+                    _scale(("results", "64", "2", "anchored/forward", "lp", "time_s"), 2.0)),
+    "inference-speed-1thread": ("docs/results/speed.md", "benchmarks/results/speed/inference_speed_1thread.json",
+                                _scale(("wall_times_s", "64", "certified-tied"), 2.0)),
+    "inference-speed-2threads": ("docs/results/speed.md", "benchmarks/results/speed/inference_speed_2threads.json",
+                                 _scale(("wall_times_s", "256", "certified-joint"), 2.0)),
+    "inference-energies": ("docs/results/speed.md", "benchmarks/results/speed/inference_speed_2threads.json",
+                           _scale(("wall_times_s", "1024", "certified-joint + energies"), 2.0)),
 }
 #: speed blocks and the files whose `threads` they must state
 SPEED_FILES = {"energy-speed": "benchmarks/results/speed/energy_speed.json",
                "rho-cost": "benchmarks/results/speed/train_speed_rho.json",
                "peers-reduced": "benchmarks/results/speed/train_speed_peers_3.json",
-               "accuracy-targets": "benchmarks/results/speed/train_speed.json"}
+               "accuracy-targets": "benchmarks/results/speed/train_speed.json",
+               "inference-speed-1thread": "benchmarks/results/speed/inference_speed_1thread.json",
+               "inference-speed-2threads": "benchmarks/results/speed/inference_speed_2threads.json"}
 
 
 def _committed_block(rel: str, name: str) -> str:
@@ -154,14 +170,18 @@ def test_speed_blocks_state_the_thread_count_of_their_file(tmp_path, name):
     assert "thread count not recorded" in make_docs.BLOCKS[name](results)
 
 
-def test_rho_step_reads_the_current_format_of_rho_speed(tmp_path):
-    """`rho_speed.py` now writes {n: {threads: ...}} at several thread counts (wall time): one table per count."""
+def test_rho_step_reads_both_formats_of_rho_speed(tmp_path):
+    """`rho_speed.py` writes {n: {threads: ...}} at several thread counts (wall time): one table per count; files
+    written before it alternated thread counts hold {n: ...} at one count (CPU thread time): one table."""
     results = _copy_repo(tmp_path)
     path = results / "speed" / "rho_speed.json"
     raw = json.loads(path.read_text())
-    raw["setting"]["threads"] = [1, 2]
-    raw["results"] = {n: {"1": v, "2": v} for n, v in raw["results"].items()}
-    path.write_text(json.dumps(raw))
+    assert raw["setting"]["threads"] == [1, 2]
     out = make_docs.rho_step(results)
     assert "1 thread, median wall time" in out and "2 threads, median wall time" in out
     assert out.count("| step |") == 2
+    raw["setting"]["threads"] = 1
+    raw["results"] = {n: v["1"] for n, v in raw["results"].items()}
+    path.write_text(json.dumps(raw))
+    out = make_docs.rho_step(results)
+    assert "1 thread, median CPU thread time" in out and out.count("| step |") == 1

@@ -200,3 +200,17 @@ def test_quick_study_writes_everything_repeatably_and_reads_result_files(tmp_pat
     assert res["accuracy"]["sqrt"]["sst2"]["certified-tied"]["accuracy"] == 0.625
     text = (full / "rho_study.md").read_text()
     assert "Missing rows" in text and "sst2 trained-untied ρ = sqrt: not run yet" in text
+
+
+def test_speed_table_reads_both_speed_file_formats_and_takes_the_one_thread_times(tmp_path):
+    from unfoldformer.rho_study.verdicts import speed_table
+    (tmp_path / "speed").mkdir()
+    cell = lambda t: {"time_s": t}                                              # noqa: E731
+    one = {"anchored/forward": {"exp": cell(2.0), "log": cell(4.0)}}
+    two = {"anchored/forward": {"exp": cell(1.0), "log": cell(8.0)}}
+    files = {"old": {"setting": {"threads": 1}, "results": {"64": one}},
+             "new": {"setting": {"threads": [1, 2]}, "results": {"64": {"1": one, "2": two}}}}
+    for raw in files.values():
+        (tmp_path / "speed" / "rho_speed.json").write_text(json.dumps(raw))
+        step = speed_table(str(tmp_path))["attention_step"]
+        assert step["log"]["anchored/forward"][64] == 0.5 and step["exp"]["anchored/forward"][64] == 1.0

@@ -93,7 +93,8 @@ def accuracy_table(results_dir: str | None, rhos: list[str], datasets: list[str]
 
 def speed_table(results_dir: str | None) -> dict:
     """Training-step and attention-step speed of each ρ relative to exp, from the speed files (if present):
-    `speed/train_speed_rho.json` (train_speed.py --rho) and `speed/rho_speed.json` (rho_speed.py)."""
+    `speed/train_speed_rho.json` (train_speed.py --rho) and `speed/rho_speed.json` (rho_speed.py; where it holds
+    several thread counts, the fewest)."""
     out: dict = {"training": {}, "attention_step": {}}
     if not results_dir:
         return out
@@ -108,8 +109,13 @@ def speed_table(results_dir: str | None) -> dict:
                         statistics.median(times[model]) / statistics.median(values))
     step_file = Path(results_dir) / "speed" / "rho_speed.json"
     if step_file.is_file():
-        raw = json.loads(step_file.read_text())["results"]
-        for n, kinds in raw.items():
+        raw = json.loads(step_file.read_text())
+        threads = raw["setting"]["threads"]
+        results = raw["results"]
+        if not isinstance(threads, int):                      # {n: {threads: ...}}: the one-thread measurement
+            one = str(min(threads))
+            results = {n: by_threads[one] for n, by_threads in results.items()}
+        for n, kinds in results.items():
             for kind, by_rho in kinds.items():
                 for rho, cell in by_rho.items():
                     out["attention_step"].setdefault(rho, {}).setdefault(kind, {})[int(n)] = (
