@@ -153,11 +153,11 @@ def test_attention_step_fast_path_equals_the_float64_dense_step(rho, batch):
 
 
 def _certified(seed: int, dtype: torch.dtype, heads: int, learn_basis: bool, depth: int = 3,
-               tied: bool = True) -> UnfoldedTransformer:
+               tied: bool = True, alpha_ffn: float = 1.0) -> UnfoldedTransformer:
     """A certified model (d = 8) with strong FFNs (W1 × 3, b ~ N(0, 0.3)) in `dtype`."""
     torch.manual_seed(seed)
     cfg = ModelConfig.preset("certified", d_model=8, n_heads=heads, depth=depth, ffn_hidden=16,
-                             learn_basis=learn_basis, anchor_weight=0.5, tied=tied)
+                             learn_basis=learn_basis, anchor_weight=0.5, tied=tied, alpha_ffn=alpha_ffn)
     model = UnfoldedTransformer(cfg).to(dtype)
     with torch.no_grad():
         for layer in model.layers:
@@ -171,15 +171,16 @@ def _certified(seed: int, dtype: torch.dtype, heads: int, learn_basis: bool, dep
 
 @examples(300)
 @given(batch=token_sets(d=8, max_norm=1e2, max_offset=1e2), heads=st.sampled_from([1, 2]),
-       learn_basis=st.booleans(), seed=st.integers(0, 3), tied=st.booleans())
-def test_plain_forward_equals_the_traced_forward(batch, heads, learn_basis, seed, tied):
+       learn_basis=st.booleans(), seed=st.integers(0, 3), tied=st.booleans(), alpha_ffn=st.sampled_from([1.0, 0.5]))
+def test_plain_forward_equals_the_traced_forward(batch, heads, learn_basis, seed, tied, alpha_ffn):
     """model(x) and model(x, return_energies=True) compute the same function: every step reads the same
     off-diagonal pass (the self term in closed form) and both turn the state from one layer's basis into
     the next (untied) and back to original coordinates by the same products (`rotated.RotatedStack.run` /
-    `trial` + `advance`), so the hidden states are equal to the bit, learned bases off the identity, tied
+    `trial` + `advance`; untied with α_ffn = 1 the FFN's output weight taken into the next basis,
+    `next_weight`), so the hidden states are equal to the bit, learned bases off the identity, tied
     or untied, on any input and any CPU (the same operations in one process)."""
     Y, _, pad = batch
-    model = _certified(seed, Y.dtype, heads, learn_basis, tied=tied)
+    model = _certified(seed, Y.dtype, heads, learn_basis, tied=tied, alpha_ffn=alpha_ffn)
     with torch.no_grad():
         plain = model(Y, pad).hidden
         traced = model(Y, pad, return_energies=True).hidden

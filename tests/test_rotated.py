@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.nn.utils import parametrize
 
-from conftest import D64, examples, small_config
+from conftest import D64, close_tol, examples, small_config
 from unfoldformer import UnfoldedTransformer
 from unfoldformer.rotated import RotatedStack, runs_rotated
 
@@ -289,3 +289,33 @@ def test_evaluation_reuses_the_frames_until_a_parameter_changes(tied):
         assert model(x).hidden.equal(fresh())
     with torch.inference_mode():
         assert model(x).hidden.equal(fresh())
+
+
+@pytest.mark.parametrize("alpha_ffn", [1.0, 0.5])
+def test_untied_layers_pass_the_state_on_in_the_next_basis_and_the_safeguard_keeps_it(alpha_ffn):
+    """Untied layers with α_ffn = 1 hand Y⁺ to the next layer through the FFN's output weight in the next
+    basis, Q_{ℓ+1}ᵀ W1 (`next_weight`); with α_ffn < 1 (the step mixes in U) by the turn Q_ℓᵀ Q_{ℓ+1}. Either
+    way the state is Y⁺ in the next basis (float64: equal to the turned state to round-off), plain, traced and
+    safeguarded forwards that accept every full step return the same hidden states to the bit."""
+    torch.manual_seed(0)
+    model = UnfoldedTransformer(small_config("certified", d_model=16, n_heads=4, ffn_hidden=32, depth=4, tied=False,
+                                             alpha_ffn=alpha_ffn)).eval()
+    with torch.no_grad():
+        for p in model.parameters():                                 # bases off the identity
+            p.add_(0.1 * torch.randn_like(p))
+    x, pad = _inputs(0, B=4, n=10, d=16)
+    for dtype in (torch.float32, D64):
+        model, X = model.to(dtype), x.to(dtype)
+        with torch.no_grad(), parametrize.cached():
+            stack = RotatedStack(model, X, ~pad)
+            folded = [stack.next_weight(ell, 1.0) is not None for ell in range(4)]
+            assert folded == [alpha_ffn == 1.0] * 4
+            assert stack.next_weight(0, 0.5) is None                 # a halved step mixes in U: the turn
+            plain = model(X, pad).hidden
+            traced = model(X, pad, return_energies=True).hidden
+            guarded = model(X, pad, safeguard=True)
+            reference = _reference(model, X, pad)                    # the layer modules, turn by turn
+        assert (guarded.step_scales == 1).all()
+        assert torch.equal(plain, traced) and torch.equal(plain, guarded.hidden)
+        if dtype == D64:
+            assert _relative(plain, reference) <= close_tol(D64, 10)

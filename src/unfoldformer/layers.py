@@ -313,6 +313,7 @@ class LayerTrace(NamedTuple):
     at_input: EnergyTerms | None = None  # E_ℓ terms at Y, when the layer computed them
     input_pass: object | None = None     # the attention pass at Y the step used (`softmax.AttentionPass`), if any
     output_pass: object | None = None    # the attention pass at Y⁺, for the next step from Y⁺ to reuse
+    advanced: Tensor | None = None       # Y⁺ already in the next layer's basis (rotated untied stacks), if computed
 
 
 class UnfoldedLayer(nn.Module):

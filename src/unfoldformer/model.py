@@ -151,10 +151,12 @@ class _Step:
 
     def accept(self, rows: Tensor, trial: LayerTrace, scale: float) -> None:
         t = self.trace
+        every = rows.numel() == t.output.shape[0]                  # every sample: the trial's next-basis state too
         self.trace = t._replace(middle=_put(t.middle, rows, trial.middle), output=_put(t.output, rows, trial.output),
                                 at_middle=_put(t.at_middle, rows, trial.at_middle),
                                 at_output=_put(t.at_output, rows, trial.at_output),
-                                output_pass=_put(t.output_pass, rows, trial.output_pass))
+                                output_pass=_put(t.output_pass, rows, trial.output_pass),
+                                advanced=trial.advanced if every else _put(t.advanced, rows, trial.advanced))
         self.scale = self.scale.index_fill(0, rows, scale)
 
 
@@ -220,7 +222,7 @@ class _ModuleStack:
         at_input = layer.energy_terms(Y, X, mask) if need_input else None
         return layer.traced(Y, X, mask, scale, substeps)._replace(at_input=at_input)
 
-    def advance(self, ell: int, Y: Tensor) -> Tensor:
+    def advance(self, ell: int, Y: Tensor, advanced: Tensor | None = None) -> Tensor:
         return Y
 
     def finish(self, Y: Tensor) -> Tensor:
@@ -293,10 +295,11 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
             step = self._step(stack, ell, Y, carry, at_input, substeps, halvings, skipped)
             # tied: E and the attention pass at Y⁽ℓ⁾ carry over to layer ℓ + 1 (same layer, same basis)
             carry, at_input = (step.trace.output_pass, step.trace.at_output) if tied else (None, None)
-            Y = stack.advance(ell, step.trace.output)
+            Y = stack.advance(ell, step.trace.output, step.trace.advanced)
             # only the energy terms are kept past this layer: the states, passes and hidden layers go now, so
             # the forward holds O(1) of them instead of O(depth) (less memory, fresh pages and allocator churn)
-            step.trace = step.trace._replace(middle=None, output=None, input_pass=None, output_pass=None)
+            step.trace = step.trace._replace(middle=None, output=None, input_pass=None, output_pass=None,
+                                             advanced=None)
             steps.append(step)
             if tied:   # same layer, same state: a sample skipped once stays skipped
                 skipped = skipped | (step.scale == 0)

@@ -156,6 +156,7 @@ class RotatedStack:
         self.rotary = self.frames[0].layer.attention.rotary
         self._rope: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
         self.X, self.valid = X, valid
+        self._next_weights: dict[int, Tensor | None] = {}            # `next_weight`, per layer, once per forward
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
@@ -220,8 +221,26 @@ class RotatedStack:
         for ell in range(self.depth):
             f = self.frame(ell)
             U, _ = self._attend(f, Y, self.anchor(ell), self.valid, 1.0, None)
-            Y = self.advance(ell, self._ffn(f, U, 1.0)[0])
+            W_next = self.next_weight(ell, 1.0)
+            if W_next is not None:                                   # the FFN's output straight into the next basis
+                Y = F_nn.linear(_hidden(U, f), W_next)               # (B, n, d)
+            else:
+                Y = self.advance(ell, self._ffn(f, U, 1.0)[0])
         return self.finish(Y)
+
+    def next_weight(self, ell: int, scale: float) -> Tensor | None:
+        """Layer ℓ's FFN output weight in the next layer's basis, Q_{ℓ+1}ᵀ W1 (d, m) (W1 after the last layer: original
+        coordinates), for untied layers whose FFN step is the FFN's output (α·scale = 1): then Y⁺ Q_ℓᵀ Q_{ℓ+1} =
+        ReLU(Ũ W̃ + b)(Q_{ℓ+1}ᵀ W1)ᵀ, one (d, m) product per layer and forward instead of a (d, d) product per
+        token. None for tied layers, where no turn is needed, or where the step mixes in U (α·scale < 1)."""
+        f = self.frame(ell)
+        if self.tied or f.W1 is None or f.layer.ffn.alpha * scale != 1:
+            return None
+        if ell not in self._next_weights:
+            Q_next = None if ell == self.depth - 1 else self.frame(ell + 1).Q
+            turn = _change(f.Q, Q_next)
+            self._next_weights[ell] = None if turn is None else (f.W1 if Q_next is None else Q_next.T @ f.W1)
+        return self._next_weights[ell]
 
     def finish(self, Y: Tensor) -> Tensor:
         """Original-coordinate output with the padded rows of X restored: (B, n, d)."""
@@ -255,8 +274,11 @@ class RotatedStack:
     def start(self) -> Tensor:
         return self.anchors[0]
 
-    def advance(self, ell: int, Y: Tensor) -> Tensor:
-        """A state from layer ℓ's basis into layer ℓ + 1's (original coordinates after the last)."""
+    def advance(self, ell: int, Y: Tensor, advanced: Tensor | None = None) -> Tensor:
+        """A state from layer ℓ's basis into layer ℓ + 1's (original coordinates after the last); `advanced`: the
+        same state already there (`next_weight`), which is then returned."""
+        if advanced is not None:
+            return advanced
         if self.tied and ell < self.depth - 1:
             return Y
         turn = _change(self.frame(ell).Q, None if ell == self.depth - 1 else self.frame(ell + 1).Q)
@@ -274,6 +296,8 @@ class RotatedStack:
             carry = self._pass(f, Y, valid, average=True)
         U, in_pass = self._attend(f, Y, Xr, valid, scale, carry)
         Y_new, hidden = self._ffn(f, U, scale)
+        W_next = self.next_weight(ell, scale)
+        advanced = None if W_next is None else F_nn.linear(hidden, W_next)   # (B, n, d) Y⁺ in the next basis
         reuse = self.exp and self.tied and ell < self.depth - 1       # the next step starts from Y_new
         if self.exact:                                               # energies: float64 from the states
             f64, X64 = self.frame64(ell), Xr.double()
@@ -281,12 +305,12 @@ class RotatedStack:
             at_input = terms(Y) if need_input else None
             at_middle = terms(U) if substeps else None
             out_pass = self._pass(f, Y_new, valid, average=True) if reuse else None
-            return LayerTrace(U, Y_new, at_middle, terms(Y_new), at_input, in_pass, out_pass)
+            return LayerTrace(U, Y_new, at_middle, terms(Y_new), at_input, in_pass, out_pass, advanced)
         at_input = self._terms(f, Y, Xr, valid, in_pass, None) if need_input else None
         at_middle = self._terms(f, U, Xr, valid, None, hidden) if substeps else None
         out_pass = self._pass(f, Y_new, valid, average=reuse)
         at_output = self._terms(f, Y_new, Xr, valid, out_pass, None)
-        return LayerTrace(U, Y_new, at_middle, at_output, at_input, in_pass, out_pass if reuse else None)
+        return LayerTrace(U, Y_new, at_middle, at_output, at_input, in_pass, out_pass if reuse else None, advanced)
 
     def _pass(self, f: _Frame, Y: Tensor, valid: Tensor, average: bool) -> AttentionPass | None:
         if not self.exp:
