@@ -445,8 +445,9 @@ def test_position_and_metric_fields_are_checked():
 
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
 def test_absolute_positions_are_added_to_the_encoders_input(kind):
-    """The classifier's encoder input is embedding + P[:n] (P: the learned table, or sin/cos(i ω_t) with
-    ω_t = 10000^{−2t/d}, written out here); sequences longer than a learned table are refused."""
+    """The classifier's encoder input is embedding + P[:n] (P: the learned table, or g·sin/cos(i ω_t) with
+    ω_t = 10000^{−2t/d}, written out here, and its learned gain g, which starts at RMS 0.02 per entry like the
+    learned table and receives a gradient); sequences longer than a learned table are refused."""
     from unfoldformer.classifier import SequenceClassifier, build_encoder
     torch.manual_seed(7)
     cfg = ModelConfig.preset("certified-joint", d_model=8, n_heads=2, depth=1, ffn_hidden=8, positions=kind,
@@ -462,7 +463,13 @@ def test_absolute_positions_are_added_to_the_encoders_input(kind):
         i, t = torch.arange(5, dtype=D64)[:, None], torch.arange(4, dtype=D64)
         angle = i * 10000.0 ** (-2 * t / 8)
         P = torch.stack([torch.sin(angle), torch.cos(angle)], -1).reshape(5, 8)
+        assert float(clf.positions.gain) == pytest.approx(0.02 * 2 ** 0.5, rel=2.0 ** -24)   # created in float32
+        P = clf.positions.gain.detach() * P
     assert torch.allclose(seen["x"], clf.embedding(ids).double() + P, rtol=0, atol=close_tol(D64, 10))
+    if kind == "sinusoidal":
+        logits, _ = clf(ids)
+        logits.sum().backward()
+        assert clf.positions.gain.grad is not None and float(clf.positions.gain.grad) != 0.0
     if kind == "learned":
         with pytest.raises(ConfigError, match="max_positions"):
             clf(torch.randint(1, 20, (1, 7)))
