@@ -185,3 +185,16 @@ def test_rho_step_reads_both_formats_of_rho_speed(tmp_path):
     path.write_text(json.dumps(raw))
     out = make_docs.rho_step(results)
     assert "1 thread, median CPU thread time" in out and out.count("| step |") == 1
+
+
+def test_energy_speed_shows_the_joint_overhead_at_two_threads_from_its_own_file(tmp_path):
+    results = _copy_repo(tmp_path)
+    path = results / "speed" / "energy_speed_joint_2threads.json"
+    raw = json.loads(path.read_text())
+    assert raw["c_joint"]["clock"] == "wall" and raw["c_joint"]["threads"] == 2
+    raw["c_joint"]["overhead"] = 0.5
+    path.write_text(json.dumps(raw))
+    block = make_docs.BLOCKS["energy-speed"](results)
+    assert "| +50 % | ≤ +15 % | no |" in block
+    path.unlink()
+    assert "at 2 threads" not in make_docs.BLOCKS["energy-speed"](results)
