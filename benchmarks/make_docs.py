@@ -45,7 +45,8 @@ from docs_speed import (
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md",
-         "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md")
+         "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md",
+         "docs/theory.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
                    r"\(python benchmarks/make_docs.py\) -->\n")
 
@@ -470,6 +471,31 @@ def accuracy_targets(results: Path) -> str:
             "baseline's)\n\n" + _md(["target", "measured", "met"], rows))
 
 
+def numerics(results: Path) -> str:
+    """Float32 accuracy of the fast paths (`benchmarks/numerics_check.py --json`), one row per measure."""
+    raw = _load(results, "numerics/numerics_check.json")
+    rho = raw["rho_steps"]
+    order = [r for r in ("exp", "log", "lp", "truncated", "linear") if r in rho]
+    g = lambda v: "0" if v == 0 else f"{v:.1e}"                    # noqa: E731
+    sg = raw["safeguard"]
+    rows = [["plain vs traced hidden states, max relative (tied / untied, strong FFNs, bases off the identity)",
+             f"{g(raw['plain_vs_traced']['tied'])} / {g(raw['plain_vs_traced']['untied'])}"],
+            ["fused log S_i vs float64 pair differences (relative to max(1, \\|log S_i\\|))",
+             g(raw["fused"]["log_mass"])],
+            ["fused E_A vs float64 (relative)", g(raw["fused"]["energy"])],
+            ["`attention_step` at a common offset of norm 1e3 vs its float64 result, relative to the output's "
+             "spread: " + " / ".join(order), " / ".join(g(rho[r]) for r in order)],
+            ["safeguard-accepted final layers rising under an independent float64 evaluation (beyond "
+             "tol(float32) / tol(float64))",
+             f"{sg['rising_beyond_tol32']} / {sg['rising_beyond_tol64']} (of {sg['accepted']:,})"],
+            ["safeguard's reported final energy vs that evaluation, in units of tol(float32)·(1 + \\|E\\|)",
+             f"{sg['reported_gap']:.2f}"]]
+    return (f"*`python benchmarks/numerics_check.py --cases {raw['cases']} --json "
+            "benchmarks/results/numerics/numerics_check.json`* "
+            f"(float32 on tests/strategies.py, {_threads(raw, 'numerics_check.json')})\n\n"
+            + _md(["measure", "measured"], rows))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "headline": headline, "accuracy-full": accuracy_full, "accuracy-reduced": accuracy_reduced,
     "rho-accuracy": rho_accuracy, "study": study, "train-speed": train_speed, "scaling": scaling,
@@ -478,7 +504,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets,
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
-    "inference-energies": inference_energies}
+    "inference-energies": inference_energies, "numerics": numerics}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

@@ -12,7 +12,7 @@ docs/theory.md, "Numerics of the fast paths"). Prints one line per measure:
    float64 evaluation (pair differences, written here from THEORY §3.3–3.4) at the returned float32
    states: beyond `descent_tolerance(float32)·(1 + |E|)` and beyond `descent_tolerance(float64)·(1 + |E|)`.
 
-Usage: PYTHONPATH=src python benchmarks/numerics_check.py [--cases N] [--threads 1]
+Usage: python benchmarks/numerics_check.py [--cases N] [--threads 1] [--json FILE]
 """
 from __future__ import annotations
 
@@ -189,18 +189,27 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=400, help="hypothesis cases per measure (safeguard: ×4 models)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", help="also write the measurements to this file (written whole)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    out: dict = {"cases": args.cases, "threads": args.threads, "plain_vs_traced": {}}
     for tied in (True, False):
+        err = out["plain_vs_traced"]["tied" if tied else "untied"] = plain_vs_traced(args.cases, tied)
         print(f"plain vs traced forward ({'tied' if tied else 'untied'}), max relative difference of hidden: "
-              f"{plain_vs_traced(args.cases, tied):.3g}")
+              f"{err:.3g}")
     lm, en = fused_vs_float64(args.cases)
+    out["fused"] = {"log_mass": lm, "energy": en}
     print(f"fused pass vs float64 pair differences: log-mass {lm:.3g}, energy {en:.3g} (relative)")
-    for name, err in rho_steps(args.cases).items():
+    out["rho_steps"] = rho_steps(args.cases)
+    for name, err in out["rho_steps"].items():
         print(f"attention_step rho={name} at offset 1e3 vs its float64 result: {err:.3g} (relative to spread)")
     acc, r32, r64, gap = safeguard_rises(args.cases * 2)
+    out["safeguard"] = {"accepted": acc, "rising_beyond_tol32": r32, "rising_beyond_tol64": r64, "reported_gap": gap}
     print(f"safeguard: {acc} accepted final layers; rising under an independent float64 evaluation: {r32} beyond "
           f"tol(float32), {r64} beyond tol(float64); reported final energy vs float64: {gap:.3g} × tol(float32)")
+    if args.json:
+        from unfoldformer.utils import environment, write_json
+        write_json(args.json, {**out, "machine": environment()})
 
 
 if __name__ == "__main__":

@@ -44,6 +44,34 @@ def test_no_table_is_wider_than_eight_columns():
     assert not wide, "\n".join(wide)
 
 
+def ragged_rows(text: str) -> list[int]:
+    """Line numbers (1-based) of table rows whose unescaped-pipe cell count differs from their header's (a `|`
+    inside a cell, e.g. |x| for an absolute value, splits it and shifts the row); code blocks skipped."""
+    out, fenced, header = [], False, None
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or not line.lstrip().startswith("|"):
+            header = None
+            continue
+        cells = len(_CELL_SEP.split(line.strip().strip("|")))
+        if header is None:
+            header = cells
+        elif cells != header:
+            out.append(i)
+    return out
+
+
+def test_ragged_rows_finds_a_pipe_inside_a_cell():
+    assert ragged_rows("| a | b |\n|---|---|\n| \\|x\\| | 2 |\n| |x| | 2 |\n") == [4]
+
+
+def test_every_table_row_has_its_headers_number_of_cells():
+    ragged = [f"{path.relative_to(REPO_ROOT)}:{line}" for path in _markdown_files()
+              for line in ragged_rows(path.read_text(encoding="utf-8"))]
+    assert not ragged, "rows with a stray | (escape it as \\|): " + ", ".join(ragged)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None,
                     reason="the docs group is not installed (pip install -e '.[docs]')")
 def test_site_builds_strictly(tmp_path):

@@ -98,6 +98,7 @@ NEW_BLOCKS = {
                                 _scale(("wall_times_s", "64", "certified-tied"), 2.0)),
     "inference-speed-2threads": ("docs/results/speed.md", "benchmarks/results/speed/inference_speed_2threads.json",
                                  _scale(("wall_times_s", "256", "certified-joint"), 2.0)),
+    "numerics": ("docs/theory.md", "benchmarks/results/numerics/numerics_check.json", _set(("fused", "energy"), 0.5)),
     "inference-energies": ("docs/results/speed.md", "benchmarks/results/speed/inference_speed_2threads.json",
                            _scale(("wall_times_s", "1024", "certified-joint + energies"), 2.0)),
 }
