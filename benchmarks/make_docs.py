@@ -487,7 +487,8 @@ def numerics(results: Path) -> str:
              "spread: " + " / ".join(order), " / ".join(g(rho[r]) for r in order)],
             ["safeguard-accepted final layers rising under an independent float64 evaluation (beyond "
              "tol(float32) / tol(float64))",
-             f"{sg['rising_beyond_tol32']} / {sg['rising_beyond_tol64']} (of {sg['accepted']:,})"],
+             f"{sg['rising_beyond_tol32']} / {sg['rising_beyond_tol64']} (of {sg['accepted']:,} accepted sample "
+             f"layers: {2 * raw['cases']:,} batches of ≤ 4 sequences, each on 3 models)"],
             ["safeguard's reported final energy vs that evaluation, in units of tol(float32)·(1 + \\|E\\|)",
              f"{sg['reported_gap']:.2f}"]]
     return (f"*`python benchmarks/numerics_check.py --cases {raw['cases']} --json "
