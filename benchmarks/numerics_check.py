@@ -187,7 +187,8 @@ def safeguard_rises(cases: int, depth: int = 4) -> tuple[int, int, int, float]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", type=int, default=400, help="hypothesis cases per measure (safeguard: 2 × N batches, each on 3 models)")
+    parser.add_argument("--cases", type=int, default=400,
+                        help="hypothesis cases per measure (safeguard: 2 × N batches, each on 3 models)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="also write the measurements to this file (written whole)")
     args = parser.parse_args(argv)
