@@ -35,18 +35,16 @@ def energy_speed(results: Path) -> str:
         rows.append([f"(c) {labels[mode]}, 12-layer certified, B=32 n=128 d=384: {c['median_s']['plain']:.3f} s → "
                      f"{c['median_s'][mode]:.3f} s (median of {c['repeats']})", f"+{100 * over:.0f} %",
                      f"≤ +{round(100 * target)} %" if target else "–", yes(over <= target) if target else "–"])
-    if raw.get("c_joint"):
-        j = raw["c_joint"]
-        rows.append([f"(c') `return_energies=True`, 12-layer certified-joint, B=32 n=128 d=384: "
-                     f"{j['median_s']['plain']:.3f} s → {j['median_s']['curve']:.3f} s (median of {j['repeats']})",
-                     f"+{100 * j['overhead']:.0f} %", "≤ +15 %", yes(j["overhead"] <= 0.15)])
-    more = results / "speed" / "energy_speed_joint_2threads.json"
-    if more.is_file():
+    joint = [("(c') `return_energies=True`, 12-layer certified-joint, B=32 n=128 d=384", raw.get("c_joint"))]
+    if (results / "speed" / "energy_speed_joint_2threads.json").is_file():
         j = load(results, "speed/energy_speed_joint_2threads.json")["c_joint"]
-        rows.append([f"(c') the same at {j['threads']} threads (`--only-joint --threads {j['threads']} --json "
-                     f"benchmarks/results/speed/energy_speed_joint_2threads.json`, wall time): "
-                     f"{j['median_s']['plain']:.3f} s → {j['median_s']['curve']:.3f} s (median of {j['repeats']})",
-                     f"+{100 * j['overhead']:.0f} %", "≤ +15 %", yes(j["overhead"] <= 0.15)])
+        joint.append((f"(c') the same at {j['threads']} threads (`--only-joint --threads {j['threads']} --json "
+                      "benchmarks/results/speed/energy_speed_joint_2threads.json`, wall time)", j))
+    for label, j in joint:
+        if j:
+            rows.append([f"{label}: {j['median_s']['plain']:.3f} s → {j['median_s']['curve']:.3f} s "
+                         f"(median of {j['repeats']})", f"+{100 * j['overhead']:.0f} %", "≤ +15 %",
+                         yes(j["overhead"] <= 0.15)])
     worst = max(c["max_rel_diff"].values())
     rows.append(["(c) precision of every reported energy vs the float64 Gram reference (curve, 4 sub-step terms)",
                  f"max {worst:.1e} relative", "≤ 1e-5", yes(worst <= 1e-5)])
@@ -87,8 +85,8 @@ def _rho_speed_tables(raw: dict) -> list[tuple[str, str, dict]]:
     setting, res = raw["setting"], raw["results"]
     if isinstance(setting["threads"], int):
         return [(threads_said(raw, "rho_speed.json"), "median CPU thread time", res)]
-    return [(f"{t} thread" + ("s" if t != 1 else ""), "median wall time", {n: v[str(t)] for n, v in res.items()})
-            for t in setting["threads"]]
+    return [(threads_said({"threads": t}, "rho_speed.json"), "median wall time", {n: v[str(t)] for n, v in res.items()})
+            for t in sorted(setting["threads"])]
 
 
 def rho_step(results: Path, file: str = "rho_speed.json", flag: str = "") -> str:
@@ -135,17 +133,15 @@ def rho_busy(results: Path) -> str:
 
 
 def rho_threads(results: Path) -> str:
-    """Time at 2 threads / time at 1 thread of the anchored step per ρ, idle and beside a busy process."""
-    cols, tables = [], {}
+    """Time at the most threads / time at the fewest of the anchored step per ρ, idle and beside a busy process."""
+    cols, used = [], []
     for file, machine in (("rho_speed.json", "idle"), ("rho_speed_busy.json", "busy")):
-        raw = load(results, f"speed/{file}")
-        counts = raw["setting"]["threads"]
-        if isinstance(counts, int) or len(counts) < 2:
+        tables = _rho_speed_tables(load(results, f"speed/{file}"))    # [(threads, clock, {n: ...})], fewest first
+        if len(tables) < 2:
             continue
-        few, many = (str(t) for t in (min(counts), max(counts)))
-        for n in sorted(raw["results"], key=int):
-            cols.append((f"n = {int(n):,}, {machine}", raw["results"][n][few], raw["results"][n][many]))
-        tables[machine] = (few, many, file)
+        (few, _, a), (many, _, b) = tables[0], tables[-1]
+        cols += [(f"n = {int(n):,}, {machine}", a[n], b[n]) for n in sorted(a, key=int)]
+        used.append(file)
     if not cols:
         return "*no speed file holds two thread counts*\n"
     rows = []
@@ -155,9 +151,8 @@ def rho_threads(results: Path) -> str:
             cells = [f"{b[key][rho]['time_s'] / a[key][rho]['time_s']:.2f}×" if rho in a.get(key, {}) else "–"
                      for _, a, b in cols]
             rows.append([f"{rho}, {step.replace('+', ' + ')}"] + cells)
-    few, many, _ = next(iter(tables.values()))
-    files = ", ".join(f"`{f}`" for _, _, f in tables.values())
-    return (f"*Time at {many} threads / time at {few} thread* (anchored step, B = 1, median wall time; {files}; "
+    files = ", ".join(f"`{f}`" for f in used)
+    return (f"*Time at {many} / time at {few}* (anchored step, B = 1, median wall time; {files}; "
             "below 1: the second thread helps)\n\n" + md(["step"] + [c[0] for c in cols], rows))
 
 
@@ -259,8 +254,9 @@ def inference_energies(results: Path) -> str:
     """What the energy curve costs at inference: time with `return_energies=True` / plain time, per model."""
     files = [f for f in ("inference_speed_1thread.json", "inference_speed_2threads.json")
              if (results / "speed" / f).is_file()]
-    meds = {f: _inference_medians(load(results, f"speed/{f}")) for f in files}
-    threads = {f: load(results, f"speed/{f}").get("threads", "?") for f in files}
+    raws = {f: load(results, f"speed/{f}") for f in files}
+    meds = {f: _inference_medians(raw) for f, raw in raws.items()}
+    threads = {f: raw.get("threads", "?") for f, raw in raws.items()}
     cols = [(f, n) for f in files for n in meds[f]]
     rows = []
     for v in _INFERENCE:

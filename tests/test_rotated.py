@@ -14,6 +14,7 @@ from torch.nn.utils import parametrize
 from conftest import D64, close_tol, examples, small_config
 from unfoldformer import UnfoldedTransformer
 from unfoldformer.rotated import RotatedStack, runs_rotated
+from unfoldformer.softmax import logit_error_bound
 
 
 def _model(seed: int, **overrides) -> UnfoldedTransformer:
@@ -167,22 +168,21 @@ def _float32_error_bounds(stack: RotatedStack, ell: int, Z: torch.Tensor, ref) -
     att = f.layer.attention
     valid = stack.valid
     u = torch.finfo(torch.float32).eps / 2
-    B, n, d = Z.shape
+    n, d = Z.shape[1:]
+    Zd = Z.double()
     # attention: the centred, scaled head features of the pass, in float64
     C = stack.heads(Z, att.H).double()                                    # (B, n, H, dh)
     w = valid.double()[..., None, None]
     mean = (C * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)
     a_sq = ((C - mean) * f.scales.double()[:, None]).square().sum(-1)    # (B, n, H) ‖a_i‖²
     radius_sq = a_sq.where(valid[..., None], 0.0).flatten(1).amax(1)     # (B,)
-    from unfoldformer.softmax import logit_error_bound
     log_n = torch.log(torch.tensor(float(max(n, 2)), dtype=D64))
     b = logit_error_bound(radius_sq, C.shape[-1], torch.float32) + u * log_n + u * (radius_sq + log_n)
     X = stack.anchor(ell).double()
-    anchor = 0.5 * (Z.double() - X).square().sum(-1).where(valid, 0.0).sum(1) / att.lam   # (B,)
+    anchor = 0.5 * (Zd - X).square().sum(-1).where(valid, 0.0).sum(1) / att.lam   # (B,)
     e_a = (ref[0] - anchor).abs()                                         # |E_A|
     bound_attention = torch.expm1(b) * e_a + _gamma(d + 3) * anchor
     # FFN
-    Zd = Z.double()
     Qa = torch.eye(d, dtype=D64) if f.Q is None else f.Q.double().abs()
     W1a, bias = f.W1.double().abs(), f.b.double()
     h = torch.relu(Zd @ f.W.double() + bias)                              # (B, n, m)

@@ -238,8 +238,10 @@ class RotatedStack:
             return None
         if ell not in self._next_weights:
             Q_next = None if ell == self.depth - 1 else self.frame(ell + 1).Q
-            turn = _change(f.Q, Q_next)
-            self._next_weights[ell] = None if turn is None else (f.W1 if Q_next is None else Q_next.T @ f.W1)
+            if f.Q is None and Q_next is None:                       # no turn at all (`_change` is the identity)
+                self._next_weights[ell] = None
+            else:
+                self._next_weights[ell] = f.W1 if Q_next is None else Q_next.T @ f.W1
         return self._next_weights[ell]
 
     def finish(self, Y: Tensor) -> Tensor:

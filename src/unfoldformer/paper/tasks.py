@@ -38,7 +38,6 @@ class Job:
 def _worker_init(parent: int) -> None:
     """One torch and BLAS thread; on Linux, the worker dies with the process that started it, so a killed
     reproduction leaves no worker behind still writing into its (abandoned) output folder."""
-    import os
     import signal
     import sys
 
