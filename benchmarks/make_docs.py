@@ -28,6 +28,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 from docs_common import load as _load
 from docs_common import md as _md
 from docs_common import threads_said as _threads
+from docs_reports import counterexamples, probe
 from docs_speed import (
     energy_peak,
     energy_speed,
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md",
          "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md",
-         "docs/theory.md")
+         "docs/theory.md", "docs/results/reproduction.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
                    r"\(python benchmarks/make_docs.py\) -->\n")
 
@@ -505,7 +506,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets,
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
-    "inference-energies": inference_energies, "numerics": numerics}
+    "inference-energies": inference_energies, "numerics": numerics, "probe": probe,
+    "counterexamples": counterexamples}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

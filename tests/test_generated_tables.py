@@ -101,7 +101,13 @@ NEW_BLOCKS = {
     "numerics": ("docs/theory.md", "benchmarks/results/numerics/numerics_check.json", _set(("fused", "energy"), 0.5)),
     "inference-energies": ("docs/results/speed.md", "benchmarks/results/speed/inference_speed_2threads.json",
                            _scale(("wall_times_s", "1024", "certified-joint + energies"), 2.0)),
+    "probe": ("docs/results/reproduction.md", "benchmarks/results/probe/minilm-sst2.json",
+              _set(("per_layer", 0, "share_decreased"), 0.5)),
+    # read from the test that asserts the rates, not from a result file (test_counterexample_table_...)
+    "counterexamples": ("docs/theory.md", "tests/test_steps.py", None),
 }
+#: the blocks whose source is a result file (JSON)
+JSON_BLOCKS = sorted(name for name, (_, source, _) in NEW_BLOCKS.items() if source.endswith(".json"))
 #: speed blocks and the files whose `threads` they must state
 SPEED_FILES = {"energy-speed": "benchmarks/results/speed/energy_speed.json",
                "rho-cost": "benchmarks/results/speed/train_speed_rho.json",
@@ -146,7 +152,7 @@ def test_a_hand_edit_of_a_new_block_is_caught(name):
     assert make_docs.regenerate(hand_edited) == text        # the equality test above fails on the edited file
 
 
-@pytest.mark.parametrize("name", sorted(NEW_BLOCKS))
+@pytest.mark.parametrize("name", JSON_BLOCKS)
 def test_a_changed_source_file_changes_the_new_block(tmp_path, name):
     _, source, change = NEW_BLOCKS[name]
     results = _copy_repo(tmp_path)
@@ -199,3 +205,18 @@ def test_energy_speed_shows_the_joint_overhead_at_two_threads_from_its_own_file(
     assert "| +50 % | ≤ +15 % | no |" in block
     path.unlink()
     assert "at 2 threads" not in make_docs.BLOCKS["energy-speed"](results)
+
+
+def test_counterexample_table_follows_the_rates_and_bands_of_its_test(tmp_path, monkeypatch):
+    """The §3.6 table is read from tests/test_steps.py's COUNTEREXAMPLES: a changed measured rate or band there
+    changes the table (so the docs and the asserted band cannot disagree)."""
+    import docs_reports
+    source = (REPO_ROOT / "tests" / "test_steps.py").read_text(encoding="utf-8")
+    assert '(_indefinite_metric, 0.860, (0.60, 0.98))' in source
+    before = docs_reports.counterexamples(make_docs.RESULTS)
+    assert "| indefinite metric | 86.0 % | 60.0 – 98.0 % |" in before
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_steps.py").write_text(
+        source.replace("(_indefinite_metric, 0.860, (0.60, 0.98))", "(_indefinite_metric, 0.861, (0.61, 0.98))"))
+    monkeypatch.setattr(docs_reports, "ROOT", tmp_path)
+    assert "| indefinite metric | 86.1 % | 61.0 – 98.0 % |" in docs_reports.counterexamples(make_docs.RESULTS)

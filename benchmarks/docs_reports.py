@@ -1,0 +1,83 @@
+"""Generated blocks that come from the commands' own reports rather than from the benchmark cells: the probe of a
+pretrained encoder (`unfoldformer probe`), the reproduction's verdicts (`unfoldformer reproduce`), the ρ study's
+token diversity (`unfoldformer rho-study`) and the measured rates of THEORY §3.6's counterexamples (the test that
+asserts them, `tests/test_steps.py`)."""
+from __future__ import annotations
+
+import ast
+import statistics
+from pathlib import Path
+
+from docs_common import load, md
+
+__all__ = ["counterexamples", "probe"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cell(text: str) -> str:
+    """A table cell: a literal `|` escaped so it does not split the row."""
+    return text.replace("|", "\\|")
+
+
+def _signed(v: float) -> str:
+    return f"{v:+.3f}".replace("-", "−")
+
+
+def probe(results: Path) -> str:
+    """Per layer of MiniLM: does the layer lower the energy built from its own heads, and how symmetric / PSD are
+    its heads; then all heads against random weights of the same shapes."""
+    raw = load(results, "probe/minilm-sst2.json")
+    heads = raw["heads"]
+    layer_mean = lambda key, layer: statistics.fmean(heads[key][layer])        # noqa: E731
+    rows = [[str(r["layer"]), f"{r['share_decreased']:.3f}", _signed(r["median_relative_change"]),
+             f"{layer_mean('skew_ratio', r['layer']):.3f}", f"{layer_mean('negative_mass', r['layer']):.3f}",
+             f"{layer_mean('value_structure_distance', r['layer']):.3f}"] for r in raw["per_layer"]]
+    every = lambda key: statistics.fmean(v for layer in heads[key] for v in layer)   # noqa: E731
+    base = raw["random_baseline"]
+    summary = [[name, f"{every(key):.3f}", f"{base[key]:.3f}"] for name, key in (
+        ("skew ratio ‖K‖/‖G‖", "skew_ratio"), ("negative eigen-mass of S", "negative_mass"),
+        ("distance of W_V W_O from a scaled projector", "value_structure_distance"))]
+    n_heads = len(heads["skew_ratio"][0])
+    cfg = raw["config"]
+    return (f"*`{raw['command']}`*: {raw['samples']} {cfg['dataset'].upper().replace('SST2', 'SST-2')} "
+            f"{cfg['split']} texts (seed {cfg['seed']}, at most {cfg['max_length']} tokens), "
+            f"{raw['model_class']}, wall time {raw['wall_seconds']:.1f} s at {cfg['threads']} thread"
+            f"{'s' if cfg['threads'] != 1 else ''} "
+            f"({raw.get('machine_load', 'machine load not recorded')}).\n\n"
+            + md(["layer", "share of samples whose own energy falls", "median relative change of the own energy",
+                  f"mean skew ratio (its {n_heads} heads)", "mean negative eigen-mass", "mean value distance"], rows)
+            + f"\nOver all {len(heads['skew_ratio']) * n_heads} heads, against i.i.d. Gaussian weights of the same "
+              "shapes:\n\n"
+            + md(["measure", raw["model_class"], "random weights"], summary))
+
+
+def _counterexample_table() -> tuple[int, list[tuple[str, float, float, float]]]:
+    """TRIALS and (case, measured rate, band low, band high) read from the test's source, without importing it."""
+    tree = ast.parse((ROOT / "tests" / "test_steps.py").read_text(encoding="utf-8"))
+    trials, cases = None, []
+    for node in tree.body:
+        target = node.targets[0].id if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) \
+            else node.target.id if isinstance(node, ast.AnnAssign) else None
+        if target == "TRIALS":
+            trials = ast.literal_eval(node.value)
+        elif target == "COUNTEREXAMPLES":
+            for key, value in zip(node.value.keys, node.value.values):
+                _, measured, band = value.elts
+                low, high = ast.literal_eval(band)
+                cases.append((ast.literal_eval(key), ast.literal_eval(measured), low, high))
+    if trials is None or not cases:
+        raise SystemExit("docs_reports: TRIALS / COUNTEREXAMPLES not found in tests/test_steps.py")
+    return trials, cases
+
+
+def counterexamples(results: Path) -> str:
+    """THEORY §3.6: each case's share of fixed-seed float64 trials whose energy rises, and the band its test accepts
+    (`results` is unused: the numbers live in the test that asserts them)."""
+    trials, cases = _counterexample_table()
+    rows = [[_cell(name), f"{100 * rate:.1f} %", f"{100 * low:.1f} – {100 * high:.1f} %"]
+            for name, rate, low, high in cases]
+    return (f"*`python -m pytest tests/test_steps.py -k counterexample -s`* ({trials} fixed seeds per case, "
+            "float64; the test reruns every trial and fails outside the band)\n\n"
+            + md(["case", f"share of the {trials} trials whose energy rises (measured)", "band the test accepts"],
+                 rows))
