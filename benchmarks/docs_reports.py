@@ -10,7 +10,9 @@ from pathlib import Path
 
 from docs_common import load, md
 
-__all__ = ["counterexamples", "probe"]
+from unfoldformer.paper.report import verdict_rows
+
+__all__ = ["counterexamples", "probe", "reproduction"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,3 +83,18 @@ def counterexamples(results: Path) -> str:
             "float64; the test reruns every trial and fails outside the band)\n\n"
             + md(["case", f"share of the {trials} trials whose energy rises (measured)", "band the test accepts"],
                  rows))
+
+
+def reproduction(results: Path) -> str:
+    """The verdicts of `unfoldformer reproduce` (full run), by the report's own `verdict_rows`, and its wall time."""
+    raw, timings = load(results, "reproduce/results.json"), load(results, "reproduce/timings.json")
+    cfg = load(results, "reproduce/config.json")
+    slowest = sorted(timings["jobs"].items(), key=lambda kv: -kv[1]["wall_s"])[:3]
+    threads = f"{cfg['threads']} thread" + ("s" if cfg["threads"] != 1 else "")
+    return (f"*`unfoldformer reproduce --threads {cfg['threads']}`* (mode {cfg['mode']}: figures "
+            f"{', '.join(map(str, cfg['figures']))}, {cfg['samples']} samples per data set, IMDB curves at "
+            f"{cfg['imdb_max_length']} tokens, {cfg['embeddings']} embeddings, seed {cfg['seed']}; {threads}): wall "
+            f"time {timings['total']:.0f} s, {timings['cpu_time_all_processes']:.0f} s of CPU; longest jobs "
+            + ", ".join(f"{name} {t['wall_s']:.0f} s" for name, t in slowest) + "\n\n"
+            + md(["claim of the paper", "reproduced?", "evidence"],
+                 [[_cell(c), _cell(v), _cell(e)] for c, v, e in verdict_rows(raw)]))

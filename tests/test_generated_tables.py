@@ -103,6 +103,8 @@ NEW_BLOCKS = {
                            _scale(("wall_times_s", "1024", "certified-joint + energies"), 2.0)),
     "probe": ("docs/results/reproduction.md", "benchmarks/results/probe/minilm-sst2.json",
               _set(("per_layer", 0, "share_decreased"), 0.5)),
+    "reproduction": ("docs/results/reproduction.md", "benchmarks/results/reproduce/results.json",
+                     _set(("energy_curves", "imdb", "curves", "certified/trained", "accuracy"), 0.5)),
     # read from the test that asserts the rates, not from a result file (test_counterexample_table_...)
     "counterexamples": ("docs/theory.md", "tests/test_steps.py", None),
 }
