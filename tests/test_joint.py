@@ -466,3 +466,21 @@ def test_a_capped_model_saves_and_loads_the_free_weight():
         ModelConfig.preset("certified", ffn_bound="frobenius")
     with pytest.raises(ConfigError, match="ffn_bound does not apply"):
         ModelConfig.preset("standard", ffn_bound="spectral")
+
+
+def test_the_demo_shows_the_joint_layer_never_rising_beside_the_alternating_one(capsys):
+    """`unfoldformer demo` defaults to the joint layer: its curves never rise with the safeguard off, and it runs
+    the alternating layer of the same size on the same inputs for contrast (whose whole layers can rise)."""
+    from unfoldformer.cli import main
+    from unfoldformer.cli.demo import energy_trace
+
+    assert main(["demo", "--batch", "4", "--tokens", "12", "--depth", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("preset certified-joint:") and "safeguard=False" in printed
+    assert "share of samples whose curve never rises: 100.0%" in printed
+    assert "the alternating layer (preset certified) on the same inputs, no safeguard" in printed
+    joint = energy_trace(ModelConfig.preset("certified-joint", depth=6), 8, 32, seed=0)
+    assert joint["share_curves_never_rising"] == 1.0 and joint["other_preset"] == "certified"
+    alternating = energy_trace(ModelConfig.preset("certified", depth=6), 8, 32, seed=0, contrast=False)
+    assert joint["other_share_curves_never_rising"] == alternating["share_curves_never_rising"]
+    assert "other_preset" not in alternating

@@ -1,10 +1,11 @@
 """`unfoldformer demo`: the energy trace of a certified model on random inputs (THEORY §3).
 
-Builds a preset (default `certified`), runs it on random inputs with padding, and prints
-E(Y⁽ᵗ⁾) per layer with the share of layer, attention and FFN steps that lower their
-energy and the share of samples whose curve never rises. A joint layer (`certified-joint`, THEORY
-§3.7) is one step, so it has no sub-step shares; for the alternating certified layer the demo also
-runs the joint layer of the same size on the same inputs, whose curves never rise. Writes nothing
+Builds a preset (default `certified-joint`, the recommended certified layer), runs it on random inputs
+with padding, and prints E(Y⁽ᵗ⁾) per layer with the share of layer, attention and FFN steps that lower
+their energy and the share of samples whose curve never rises. A joint layer (THEORY §3.7) is one step,
+so it has no sub-step shares, and its curves never rise; the demo also runs the other certified layer
+of the same size on the same inputs (joint ↔ alternating `certified`, safeguard off), whose whole
+layers can raise the energy. Writes nothing
 unless `--out` is given (then `demo.json`, `config.json` and
 `complete.json`, the folder built whole or not at all: `runs.staged_output`).
 """
@@ -26,7 +27,7 @@ OUTPUT_FILES = ("config.json", "demo.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="certified", choices=sorted(p for p in PRESETS if p != "standard"))
+    parser.add_argument("--preset", default="certified-joint", choices=sorted(p for p in PRESETS if p != "standard"))
     parser.add_argument("--safeguard", action="store_true", help="whole-layer descent by backtracking (THEORY §3.5)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard: bool = False,
-                 device: str = "cpu") -> dict:
+                 device: str = "cpu", contrast: bool = True) -> dict:
     torch.manual_seed(seed)
     model = UnfoldedTransformer(cfg).eval().to(device)
     x = torch.randn(batch, tokens, cfg.d_model).to(device)           # (B, n, d), drawn on the CPU
@@ -56,12 +57,12 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
         "share_curves_never_rising": float(lowered(out.layer_before, out.layer_after, tol).all(1).double().mean()),
         "mean_safeguard_step_scale": float(out.step_scales.mean()),
     }
-    if cfg.layer == "alternating" and cfg.ffn == "tied":          # the joint layer of the same size, same inputs
+    if cfg.attention == "anchored" and cfg.ffn == "tied" and contrast:   # the other layer kind, same size and inputs
         same = {k: getattr(cfg, k) for k in ("d_model", "n_heads", "depth", "tied", "rho", "ffn_hidden")}
-        joint_cfg = ModelConfig.preset("certified-joint", **same)
-        result["joint_preset"] = joint_cfg.preset_name
-        result["joint_share_curves_never_rising"] = energy_trace(joint_cfg, batch, tokens, seed)[
-            "share_curves_never_rising"]
+        other = ModelConfig.preset("certified" if joint else "certified-joint", **same)
+        result["other_preset"] = other.preset_name
+        result["other_share_curves_never_rising"] = energy_trace(other, batch, tokens, seed, contrast=False,
+                                                                 device=device)["share_curves_never_rising"]
     return result
 
 
@@ -84,9 +85,10 @@ def run(args: argparse.Namespace) -> int:
         if share is not None:
             print(f"share of {key} steps that do not raise the energy: {share:.1%}")
     print(f"share of samples whose curve never rises: {result['share_curves_never_rising']:.1%}")
-    if "joint_preset" in result:
-        print(f"the joint layer (preset {result['joint_preset']}, THEORY §3.7) on the same inputs, no safeguard: "
-              f"curve never rises on {result['joint_share_curves_never_rising']:.1%} of samples")
+    if "other_preset" in result:
+        kind = "the alternating layer" if cfg.layer == "joint" else "the joint layer (THEORY §3.7)"
+        print(f"{kind} (preset {result['other_preset']}) on the same inputs, no safeguard: "
+              f"curve never rises on {result['other_share_curves_never_rising']:.1%} of samples")
     if args.out is not None:
         config = {"model": cfg.to_dict(), "seed": args.seed, "batch": args.batch, "tokens": args.tokens,
                   "safeguard": args.safeguard}
