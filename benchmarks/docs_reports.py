@@ -12,7 +12,7 @@ from docs_common import load, md
 
 from unfoldformer.paper.report import verdict_rows
 
-__all__ = ["counterexamples", "probe", "reproduction"]
+__all__ = ["counterexamples", "probe", "reproduction", "rho_spread"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,3 +98,29 @@ def reproduction(results: Path) -> str:
             + ", ".join(f"{name} {t['wall_s']:.0f} s" for name, t in slowest) + "\n\n"
             + md(["claim of the paper", "reproduced?", "evidence"],
                  [[_cell(c), _cell(v), _cell(e)] for c, v, e in verdict_rows(raw)]))
+
+
+def rho_spread(results: Path) -> str:
+    """Token diversity per ρ (`unfoldformer rho-study`): the spread retained after 6 / 12 steps of the random-init
+    alternating and joint models on both data sets, and of attention alone with its heads at median z = 10."""
+    raw = load(results, "rho_study/results.json")
+    data, rhos = raw["datasets"], raw["settings"]["rhos"]
+    first = raw["settings"]["datasets"][0]
+
+    def model(ds: str, source: str, rho: str) -> str:
+        curve = data[ds]["sources"][source][rho]["dynamics"]["model"]["spread_retained"]
+        return f"{curve[6]:.3f} / {curve[12]:.3f}"
+
+    def alone(rho: str) -> str:
+        at = data[first]["sources"]["random"][rho]["sweep"]["10.0"]["dynamics"]["attention"]["at"]
+        return f"{at['6']['spread_retained']:.3f} / {at['12']['spread_retained']:.3f}"
+    names = {"sst2": "SST-2", "imdb": "IMDB"}
+    head = ["ρ"] + [f"{kind}, {names[ds]}" for kind in ("alternating", "joint") for ds in data] \
+        + [f"attention alone, heads at median z = 10, {names[first]}"]
+    rows = [[rho] + [model(ds, src, rho) for src in ("random", "random-joint") for ds in data] + [alone(rho)]
+            for rho in rhos]
+    cfg = raw["settings"]
+    return (f"*`{raw['command']}`* ({cfg['samples']} held-out sentences per data set, random-init models of width "
+            f"{cfg['architecture']['d_model']}, depth {cfg['architecture']['depth']}, run for {cfg['steps']} "
+            f"steps, identical weights for every ρ; {raw['wall_seconds']:.0f} s at {cfg['threads']} thread"
+            f"{'s' if cfg['threads'] != 1 else ''}). *Spread retained after 6 / 12 steps*:\n\n" + md(head, rows))

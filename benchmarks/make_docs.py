@@ -28,7 +28,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 from docs_common import load as _load
 from docs_common import md as _md
 from docs_common import threads_said as _threads
-from docs_reports import counterexamples, probe, reproduction
+from docs_reports import counterexamples, probe, reproduction, rho_spread
 from docs_speed import (
     energy_peak,
     energy_speed,
@@ -506,7 +506,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets,
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
-    "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
+    "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction, "rho-spread": rho_spread,
     "counterexamples": counterexamples}
 
 

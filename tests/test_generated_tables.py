@@ -105,6 +105,9 @@ NEW_BLOCKS = {
               _set(("per_layer", 0, "share_decreased"), 0.5)),
     "reproduction": ("docs/results/reproduction.md", "benchmarks/results/reproduce/results.json",
                      _set(("energy_curves", "imdb", "curves", "certified/trained", "accuracy"), 0.5)),
+    "rho-spread": ("docs/results/rho.md", "benchmarks/results/rho_study/results.json",
+                   _set(("datasets", "imdb", "sources", "random-joint", "log", "dynamics", "model", "spread_retained"),
+                        [0.5] * 13)),
     # read from the test that asserts the rates, not from a result file (test_counterexample_table_...)
     "counterexamples": ("docs/theory.md", "tests/test_steps.py", None),
 }
