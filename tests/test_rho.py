@@ -94,3 +94,27 @@ def test_register_rho_refuses_builtin_names_and_failing_rhos(registry):
     with pytest.raises(ValueError, match="concave"):
         register_rho(custom_rho(lambda z: z**2, name="square"))
     assert "square" not in RHO_FAMILY
+
+
+@pytest.mark.parametrize("p", [0.5, 1.0, 1.5])
+def test_lp_curvature_is_the_derivative_of_its_derivative(p):
+    """ℓ_p's ρ'' (used by the blocked kernel's backward) equals h(h−1)·z^{h−2} above the floor τ and 0 on the
+    tangent below it, in float64 (to round-off) and in float32: pow (≤ 1 ulp), one division and one
+    multiplication by the exact constant h(h−1) give a relative error of at most 4u, u = 2⁻²⁴ (asserted 5u)."""
+    tau = 1e-3
+    rho = lp_rho(p, tau)
+    h = p / 2
+    z64 = torch.cat([torch.tensor([0.0, tau / 2, tau, tau * (1 + 1e-6), 1.0, 1e4], dtype=torch.float64),
+                     torch.logspace(-5, 3, 200, dtype=torch.float64)])
+    exact = torch.where(z64 > tau, h * (h - 1) * z64.clamp_min(tau) ** (h - 2), torch.zeros_like(z64))
+    assert torch.equal(rho.curvature(z64) == 0, z64 <= tau)
+    assert torch.allclose(rho.curvature(z64), exact, rtol=1e-14, atol=0)
+    zz = z64[z64 > tau].clone().requires_grad_(True)                # autograd of ρ' away from the kink
+    (auto,) = torch.autograd.grad(rho.derivative(zz).sum(), zz)
+    assert torch.allclose(rho.curvature(zz.detach()), auto, rtol=1e-12, atol=0)
+    z32 = z64.float()
+    # the floor test is made in the input's dtype (τ rounds to float32 as z does), the value in float64
+    exact32 = torch.where(z32 > tau, h * (h - 1) * z32.double().clamp_min(tau) ** (h - 2), 0.0)
+    ours = rho.curvature(z32).double()
+    assert torch.equal(ours == 0, exact32 == 0)
+    assert ((ours - exact32).abs() <= 5 * 2.0**-24 * exact32.abs()).all()
