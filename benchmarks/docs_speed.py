@@ -10,7 +10,7 @@ from pathlib import Path
 import make_table as mt  # the accuracy table's loading and cell formatting (same folder)
 from docs_common import load, md, threads_said
 
-__all__ = ["energy_peak", "energy_speed", "inference_energies", "inference_speed", "rho_busy", "rho_cost",
+__all__ = ["energy_peak", "energy_speed", "inference_energies", "inference_speed", "profiles", "rho_busy", "rho_cost",
            "rho_step", "rho_threads", "scaling", "train_speed"]
 
 
@@ -287,3 +287,21 @@ def scaling(results: Path) -> str:
     return "\n".join(out)
 
 
+
+
+def profiles(results: Path) -> str:
+    """Where the time of each missed speed target goes (`benchmarks/profile_misses.py --json`): per case and
+    variant, wall time per call at each thread count and the operators with the most self CPU time."""
+    raw = load(results, "speed/profile_misses.json")
+    rows = []
+    for case in raw["cases"].values():
+        for variant, by_threads in case["variants"].items():
+            for t, prof in by_threads.items():
+                ops = "; ".join(f"`{o['op']}` {100 * o['share']:.0f} %" for o in prof["top"][:3])
+                rows.append([case["what"], variant, t, f"{prof['wall_ms']:.1f}", ops])
+    return (f"*`python benchmarks/profile_misses.py --calls {raw['calls']} --json "
+            "benchmarks/results/speed/profile_misses.json`* (torch.profiler, wall time per call with the profiler "
+            f"on; 1-minute load average {raw['load_avg_start']:.1f} at the start, {raw['load_avg_end']:.1f} at "
+            "the end; the blocked kernel's worker threads are not seen by the profiler, so at 2 threads ρ ≠ exp "
+            "shows as `_KernelSums` / `_KernelSumsBackward`)\n\n"
+            + md(["case", "variant", "threads", "ms per call", "top operators (share of self CPU time)"], rows))

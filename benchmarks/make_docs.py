@@ -35,6 +35,7 @@ from docs_speed import (
     inference_energies,
     inference_speed,
     inference_speed_2threads,
+    profiles,
     rho_busy,
     rho_cost,
     rho_step,
@@ -506,7 +507,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets,
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
-    "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction, "rho-spread": rho_spread,
+    "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction, "rho-spread": rho_spread, "profiles": profiles,
     "counterexamples": counterexamples}
 
 

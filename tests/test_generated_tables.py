@@ -108,6 +108,8 @@ NEW_BLOCKS = {
     "rho-spread": ("docs/results/rho.md", "benchmarks/results/rho_study/results.json",
                    _set(("datasets", "imdb", "sources", "random-joint", "log", "dynamics", "model", "spread_retained"),
                         [0.5] * 13)),
+    "profiles": ("docs/results/speed.md", "benchmarks/results/speed/profile_misses.json",
+                 _scale(("cases", "lp-4096", "variants", "lp", "1", "wall_ms"), 2.0)),
     # read from the test that asserts the rates, not from a result file (test_counterexample_table_...)
     "counterexamples": ("docs/theory.md", "tests/test_steps.py", None),
 }
