@@ -9,7 +9,6 @@ import statistics
 from pathlib import Path
 
 from docs_common import load, md
-
 from unfoldformer.paper.report import verdict_rows
 
 __all__ = ["counterexamples", "probe", "reproduction", "rho_spread"]

@@ -507,8 +507,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-health": layer_health, "zoo": zoo, "accuracy-targets": accuracy_targets,
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
-    "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction, "rho-spread": rho_spread, "profiles": profiles,
-    "counterexamples": counterexamples}
+    "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
+    "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

@@ -5,7 +5,8 @@
 Reads only committed result files of the accuracy benchmark (SST-2 dev, full budget).
 Left: the mean energy curve of the trained certified-joint model (the recommended layer, seeds 0-2),
 E(Y⁽ᵗ⁾) − E(Y⁽⁰⁾) averaged over the dev sentences (`energy.mean_curve`), no safeguard, on a symmetric log scale
-(its energy is unbounded below and falls faster at every layer); the standard Transformer has no energy to draw. Right: the share of dev sentences whose own objective never rises
+(its energy is unbounded below and falls faster at every layer); the standard Transformer has no energy to draw.
+Right: the share of dev sentences whose own objective never rises
 (certified: its energy; Energy Transformer: its energy; CRATE: every layer's coding rate; standard: none),
 with each model's dev accuracy, mean over seeds.
 """

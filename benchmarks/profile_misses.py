@@ -33,7 +33,6 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inference_speed as inf  # noqa: E402  (same folder)
 import rho_speed as rs  # noqa: E402
-
 from unfoldformer.utils import environment, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "speed" / "profile_misses.json"
@@ -44,7 +43,8 @@ def _cases() -> dict:
     """case -> (what it checks, {variant: zero-argument call})."""
     out = {
         "lp-4096": ("anchored step fwd+bwd, B 1, n 4,096: lp vs exp",
-                    {"lp": rs.make_call("anchored", "lp", True, 4096), "exp": rs.make_call("anchored", "exp", True, 4096)}),
+                    {"lp": rs.make_call("anchored", "lp", True, 4096),
+                     "exp": rs.make_call("anchored", "exp", True, 4096)}),
         "small-n": ("anchored step fwd+bwd, B 1, n 64: truncated and exp",
                     {"truncated": rs.make_call("anchored", "truncated", True, 64),
                      "exp": rs.make_call("anchored", "exp", True, 64)}),

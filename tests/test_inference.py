@@ -86,7 +86,10 @@ def test_predict_gives_a_joint_models_curve_that_never_rises(sst2_dir, tmp_path,
     preds = uf.load(out)(texts)
     assert all(p.never_rises and len(p.energies) == cfg.model.encoder_config().depth + 1 for p in preds)
     assert main(["predict", str(out), "--text", texts[0], "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["energies"] == preds[0].energies
+    # the same text alone (padding to another batch's length changes float32 round-off on some CPUs' kernels)
+    [alone] = uf.load(out)([texts[0]])
+    assert json.loads(capsys.readouterr().out)[0]["energies"] == alone.energies
+    assert alone.never_rises
 
 
 @pytest.mark.parametrize("args, message", [
