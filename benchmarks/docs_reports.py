@@ -8,7 +8,7 @@ import ast
 import statistics
 from pathlib import Path
 
-from docs_common import load, md
+from docs_common import load, md, threads_said
 from unfoldformer.paper.report import verdict_rows
 
 __all__ = ["counterexamples", "probe", "reproduction", "rho_spread"]
@@ -43,8 +43,8 @@ def probe(results: Path) -> str:
     cfg = raw["config"]
     return (f"*`{raw['command']}`*: {raw['samples']} {cfg['dataset'].upper().replace('SST2', 'SST-2')} "
             f"{cfg['split']} texts (seed {cfg['seed']}, at most {cfg['max_length']} tokens), "
-            f"{raw['model_class']}, wall time {raw['wall_seconds']:.1f} s at {cfg['threads']} thread"
-            f"{'s' if cfg['threads'] != 1 else ''} "
+            f"{raw['model_class']}, wall time {raw['wall_seconds']:.1f} s at "
+            f"{threads_said(cfg, 'the probe config')} "
             f"({raw.get('machine_load', 'machine load not recorded')}).\n\n"
             + md(["layer", "share of samples whose own energy falls", "median relative change of the own energy",
                   f"mean skew ratio (its {n_heads} heads)", "mean negative eigen-mass", "mean value distance"], rows)
@@ -89,7 +89,7 @@ def reproduction(results: Path) -> str:
     raw, timings = load(results, "reproduce/results.json"), load(results, "reproduce/timings.json")
     cfg = load(results, "reproduce/config.json")
     slowest = sorted(timings["jobs"].items(), key=lambda kv: -kv[1]["wall_s"])[:3]
-    threads = f"{cfg['threads']} thread" + ("s" if cfg["threads"] != 1 else "")
+    threads = threads_said(cfg, "reproduce/config.json")
     return (f"*`unfoldformer reproduce --threads {cfg['threads']}`* (mode {cfg['mode']}: figures "
             f"{', '.join(map(str, cfg['figures']))}, {cfg['samples']} samples per data set, IMDB curves at "
             f"{cfg['imdb_max_length']} tokens, {cfg['embeddings']} embeddings, seed {cfg['seed']}; {threads}): wall "
@@ -121,5 +121,6 @@ def rho_spread(results: Path) -> str:
     cfg = raw["settings"]
     return (f"*`{raw['command']}`* ({cfg['samples']} held-out sentences per data set, random-init models of width "
             f"{cfg['architecture']['d_model']}, depth {cfg['architecture']['depth']}, run for {cfg['steps']} "
-            f"steps, identical weights for every ρ; {raw['wall_seconds']:.0f} s at {cfg['threads']} thread"
-            f"{'s' if cfg['threads'] != 1 else ''}). *Spread retained after 6 / 12 steps*:\n\n" + md(head, rows))
+            f"steps, identical weights for every ρ; {raw['wall_seconds']:.0f} s at "
+            f"{threads_said(cfg, 'rho_study/results.json')}). *Spread retained after 6 / 12 steps*:\n\n"
+            + md(head, rows))

@@ -287,8 +287,6 @@ def scaling(results: Path) -> str:
     return "\n".join(out)
 
 
-
-
 def profiles(results: Path) -> str:
     """Where the time of each missed speed target goes (`benchmarks/profile_misses.py --json`): per case and
     variant, wall time per call at each thread count and the operators with the most self CPU time."""
