@@ -19,13 +19,14 @@ certified row has a standard row with the same positional scheme:
 
     python benchmarks/accuracy_study.py --dataset imdb --model certified-joint \
         --variants baseline positions_learned positions_sinusoidal positions_rotary metric_diagonal metric_free \
-        heads_8 depth_12
+        heads_8 depth_12 learned_steps
     python benchmarks/accuracy_study.py --dataset imdb --model standard --variants baseline positions_rotary
     python benchmarks/accuracy_study.py --dataset imdb --model certified-joint \
         --validate-budget baseline metric_free    # both at the screening and at the full budget, then compare
 
 Every variant keeps the certificate: absolute positions change only the input X, rotary attention and free
-per-head metrics descend for any weights (THEORY §3.8–3.9), and heads / depth / λ are free choices.
+per-head metrics descend for any weights (THEORY §3.8–3.9), learned step sizes stay in α ∈ (0, α_max] and
+γ ≥ 0 by their parametrisation (THEORY §3.7), and heads / depth / λ are free choices.
 
 Validating the screening budget (`--validate-budget A B`): the two variants run at the screening budget
 (`BUDGETS`) and at the benchmark's full budget (`accuracy.py` without budget flags; results named without
@@ -71,6 +72,7 @@ VARIANTS: dict[str, list[str]] = {
     "positions_rotary": ["model.positions=rotary"],
     "metric_diagonal": ["model.metric=diagonal"],            # per-head diagonal metric (Hyper-SET style)
     "metric_free": ["model.metric=free"],                    # free per-head map A_h, μ_h bound (THEORY §3.8)
+    "learned_steps": ["model.learn_steps=true"],             # α ∈ [10⁻³α_max, α_max] and γ ≥ 0 per layer (§3.7)
     "metric_free_rotary": ["model.metric=free", "model.positions=rotary"],
     "heads_8_metric_free": ["model.n_heads=8", "model.metric=free"],
     "depth_12_metric_free": ["model.depth=12", "model.metric=free"],

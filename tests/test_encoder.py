@@ -72,6 +72,23 @@ def test_energies_on_request_and_the_safeguard_curve_never_rises():
     assert torch.is_tensor(enc(x, src_key_padding_mask=pad, safeguard=True))   # a tensor unless energies asked
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_joint_layer_with_learned_steps_is_passed_by_name_and_never_rises_unaided(tied):
+    """`layer="joint"` (and its fields) through the layer API: the joint layer has no FFN step size, so
+    `alpha_ffn` is not passed for it (and refused with the config's message when given)."""
+    torch.manual_seed(4)
+    with default_dtype(D64):
+        layer = small_layer(layer="joint", learn_steps=True)
+        enc = uf.CertifiedEncoder(layer, num_layers=4, tied=tied)
+    assert enc.config.layer == "joint" and enc.config.learn_steps
+    assert sum(name.endswith("step_logit") for name, _ in enc.named_parameters()) == (1 if tied else 4)
+    x, pad = random_inputs(seed=5, B=4, n=7, d=8, scale=3.0)
+    out = enc(x, src_key_padding_mask=pad, return_energies=True)
+    assert not rises(out.layer_before, out.layer_after).any()
+    with pytest.raises(uf.ConfigError, match="alpha_ffn does not apply"):
+        small_layer(layer="joint", alpha_ffn=1.0)
+
+
 def test_a_layer_with_its_own_anchor_runs_the_layer_module():
     torch.manual_seed(2)
     with default_dtype(D64):

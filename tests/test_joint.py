@@ -2,7 +2,8 @@
 
 Every case draws an adversarial token set (`strategies.token_sets`: far clusters, offsets up to 1e3, norms
 1e-3…1e3, identical tokens, n = 1, all-but-one padding, float32 and float64), a random layer (ρ = exp or
-log, tied or untied, α ∈ (0, 1], γ ∈ [0, 10], attention_norm none or length, W₁ free or capped at ‖W₁‖₂ ≤ 1
+log, tied or untied, α ∈ (0, 1], γ ∈ [0, 10] or both learned (α = α_max σ(θ), γ = softplus(φ), θ ∈ [−8, 8],
+φ ∈ [−6, 3]), attention_norm none or length, W₁ free or capped at ‖W₁‖₂ ≤ 1
 (`ffn_bound`), learned basis or contiguous
 heads, λ, scales, W₁ of any norm, bias) and checks the step against THEORY's formula and its energy.
 The independent evaluation is `energy.py` in float64 on the very states the model stepped between, in
@@ -25,7 +26,7 @@ from unfoldformer import energy as E
 from unfoldformer.config import ModelConfig
 from unfoldformer.descent import descent_tolerance, lowered
 from unfoldformer.errors import ConfigError
-from unfoldformer.joint import JointLayer, JointStack
+from unfoldformer.joint import LEARNED_STEP_FLOOR, LEARNED_STEP_LOGIT, JointLayer, JointStack
 from unfoldformer.model import UnfoldedTransformer
 from unfoldformer.rotated import RotatedStack
 from unfoldformer.steps import isotropic_factors
@@ -45,8 +46,12 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
                      alpha_attention=draw(st.sampled_from([1.0, draw(st.floats(1e-3, 1.0))])),
                      attention_norm=draw(st.sampled_from(["none", "length"])), layer=layer,
                      ffn_bound=draw(st.sampled_from(["none", "spectral"])))
+    learned = None
     if layer == "joint":
         overrides["ffn_weight"] = draw(st.sampled_from([0.0, 1.0, draw(st.floats(0.0, 10.0))]))
+        if overrides["ffn_weight"] > 0 and draw(st.booleans()):   # learned α = α_max σ(θ), γ = softplus(φ)
+            overrides["learn_steps"] = True
+            learned = draw(st.floats(-8.0, 8.0)), draw(st.floats(-6.0, 3.0))
     else:
         overrides["alpha_ffn"] = overrides["alpha_attention"]
     seed = draw(st.integers(0, 2**31 - 1))
@@ -62,7 +67,14 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
             lay.attention.log_scale.add_(torch.randn_like(lay.attention.log_scale)).clamp_(-3, 1).add_(log_scale / 2)
             if lay.attention.basis is not None:
                 lay.attention.basis.parametrizations.weight.original.normal_()
+            if learned is not None:
+                lay.step_logit.fill_(learned[0]), lay.ffn_weight_raw.fill_(learned[1])
     return model.eval()
+
+
+def number(x) -> float:
+    """A step size or weight as a float: fixed (a float) or learned (a 0-dim tensor)."""
+    return float(x.detach()) if isinstance(x, torch.Tensor) else float(x)
 
 
 def free_w1(ffn) -> torch.Tensor:
@@ -95,7 +107,7 @@ def rotated_energy(stack, ell: int, Yr: torch.Tensor) -> torch.Tensor:
     e_att = E.attention_energy(Yd, factors, att.rho, pad, method="gram")
     if att.length_norm:
         e_att = e_att / valid.sum(1).to(D64)
-    ffn_weight = f.layer.gamma / att.lam if isinstance(f.layer, JointLayer) else 1.0
+    ffn_weight = number(f.layer.gamma) / att.lam if isinstance(f.layer, JointLayer) else 1.0
     e_ffn = E.tied_ffn_energy(Yd, f.W.detach().to(D64), f.b.detach().to(D64), pad)
     return e_att + E.anchor_energy(Yd, stack.anchor(ell).to(D64), pad) / att.lam + ffn_weight * e_ffn
 
@@ -114,7 +126,7 @@ def term_scale(stack, ell: int, Yr: torch.Tensor) -> torch.Tensor:
     e_att = E.attention_energy(Yd, factors, att.rho, pad, method="gram").abs()
     if att.length_norm:
         e_att = e_att / valid.sum(1).to(D64)
-    ffn_weight = f.layer.gamma / att.lam if isinstance(f.layer, JointLayer) else 1.0
+    ffn_weight = number(f.layer.gamma) / att.lam if isinstance(f.layer, JointLayer) else 1.0
     hidden = torch.relu(Yd @ f.W.detach().to(D64) + f.b.detach().to(D64)).where(valid[..., None], 0.0)
     squares = 0.5 * (Yd.square().sum((1, 2)) + hidden.square().sum((1, 2)))
     return e_att + E.anchor_energy(Yd, stack.anchor(ell).to(D64), pad) / att.lam + ffn_weight * squares
@@ -166,7 +178,7 @@ def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.
     logit = s_sq * (2 * M) ** 2 * Y_new.shape[-1]                   # ≥ ‖a − mean‖²
     delta = 64 * u * M * (1 + u * logit) * math.sqrt(Y_new.shape[1] * Y_new.shape[2])   # ‖δ‖_F bound
     g = grad.where(valid, 0.0).flatten(1).norm(dim=1)
-    gamma = f.layer.gamma if isinstance(f.layer, JointLayer) else f.layer.attention.lam
+    gamma = number(f.layer.gamma) if isinstance(f.layer, JointLayer) else f.layer.attention.lam
     curvature = 2 * s_sq * Y_new.shape[1] + (1 + gamma) / f.layer.attention.lam
     return g * delta + 0.5 * curvature * delta ** 2 + descent_tolerance(torch.float32) * (1 + energy_scale.abs())
 
@@ -226,8 +238,9 @@ def test_the_joint_step_is_the_formula_of_theory(case):
             beta = beta * (valid[:, :, None] & valid[:, None, :])
             nu = att.lam * s[h] ** 2 / (nreal if att.length_norm else torch.ones_like(nreal))
             nu = nu[:, None, None]
-            target = (nu * beta @ c + x + lay.gamma * r) / (nu * beta.sum(-1, keepdim=True) + 1 + lay.gamma)
-            c_new = (1 - att.alpha) * c + att.alpha * target
+            gamma, alpha = number(lay.gamma), number(lay.step_size())          # fixed, or learned (σ, softplus)
+            target = (nu * beta @ c + x + gamma * r) / (nu * beta.sum(-1, keepdim=True) + 1 + gamma)
+            c_new = (1 - alpha) * c + alpha * target
             expected = expected + (c_new - c) @ Uh.T
         expected = expected.where(valid[..., None], Y)
         stack = stack_of(model, X, pad)
@@ -281,7 +294,7 @@ def test_the_curve_from_the_steps_own_pass_is_the_energy(case):
         z_max = float(f.scales.detach().max()) ** 2 * (2 * M) ** 2 * d
         h = d * M * float(f.W.detach().abs().max()) + float(f.b.detach().abs().max())
         e_attention = H * n * n * (1 + math.log(2 + z_max)) * (1 + z_max)
-        ffn = lay.gamma / lay.attention.lam * n * (d * M * M + m * h * h)
+        ffn = number(lay.gamma) / lay.attention.lam * n * (d * M * M + m * h * h)
         return close_tol(D64, e_attention + n * d * (2 * M) ** 2 / lay.attention.lam + ffn)
 
     assert ((trace.at_input.total - ref_in).abs() <= tol(Yr)).all()
@@ -383,6 +396,57 @@ def test_plain_and_traced_forwards_compute_the_same_function(tied):
     assert torch.allclose(plain, traced, rtol=0, atol=close_tol(D64, 10))
     assert torch.allclose(plain, Y, rtol=0, atol=close_tol(D64, 10))
     assert torch.equal(plain[pad], X[pad])
+
+
+# ----------------------------------------------------------------------------- learned step sizes
+@pytest.mark.parametrize("tied", [True, False])
+def test_learned_step_sizes_train_inside_their_certified_ranges(tied):
+    """`learn_steps`: α = α_max (a + (1 − a) σ(θ)) and γ = softplus(φ) are parameters (one pair per layer,
+    shared by a tied model's steps) that the loss reaches, start near the fixed layer (α ≈ 0.982 α_max,
+    γ = ffn_weight) and stay in [a α_max, α_max] and [0, ∞) after an optimiser step that moves θ and φ as
+    far as float32 goes (σ(θ) and softplus(φ) may underflow to 0); the layers still descend."""
+    torch.manual_seed(3)
+    cfg = ModelConfig.preset("certified-joint", d_model=16, n_heads=4, depth=3, ffn_hidden=32, tied=tied,
+                             alpha_attention=0.8, ffn_weight=2.0, learn_steps=True)
+    model = UnfoldedTransformer(cfg)
+    pairs = [(lay.step_logit, lay.ffn_weight_raw) for lay in model.layers]
+    assert len(pairs) == (1 if tied else 3)
+    for lay in model.layers:
+        a = LEARNED_STEP_FLOOR
+        expected = 0.8 * (a + (1 - a) * torch.sigmoid(torch.tensor(LEARNED_STEP_LOGIT)).item())
+        assert math.isclose(float(lay.step_size().detach()), expected, rel_tol=1e-6)
+        assert math.isclose(float(lay.gamma.detach()), 2.0, rel_tol=1e-6)
+    X = torch.randn(3, 9, 16)
+    pad = torch.zeros(3, 9, dtype=torch.bool)
+    pad[1, 4:] = True
+    model(X, pad).hidden.square().sum().backward()
+    for theta, phi in pairs:
+        assert theta.grad is not None and phi.grad is not None
+        assert float(theta.grad) != 0 and float(phi.grad) != 0
+    before = [(number(t), number(p)) for t, p in pairs]
+    torch.optim.SGD([w for pair in pairs for w in pair], lr=1.0).step()
+    assert all(number(t) != t0 and number(p) != p0 for (t, p), (t0, p0) in zip(pairs, before))
+    tol = descent_tolerance(torch.float32)
+    for theta, phi in [(-200.0, -200.0), (200.0, 50.0), (-200.0, 50.0), (200.0, -200.0)]:   # σ, softplus at 0 / 1
+        with torch.no_grad():
+            for t, p in pairs:
+                t.fill_(theta), p.fill_(phi)
+            out = model(X, pad, return_energies=True)
+        for lay in model.layers:
+            alpha, gamma = float(lay.step_size().detach()), float(lay.gamma.detach())
+            high = float(torch.tensor(0.8))                      # α_max as the float32 parameters hold it
+            # the floor 1 − fl(1 − a): float32 rounds 1 − a by u/2 ≈ 3e-8, i.e. 3e-5 of the floor a = 1e-3
+            assert high * LEARNED_STEP_FLOOR * (1 - 1e-4) <= alpha <= high and gamma >= 0
+        assert torch.isfinite(out.hidden).all()
+        assert (out.layer_after <= out.layer_before + tol * (1 + out.layer_before.abs())).all()
+
+
+def test_learned_step_sizes_are_refused_where_they_do_not_apply():
+    with pytest.raises(ConfigError, match="learn_steps does not apply"):
+        ModelConfig.preset("certified", learn_steps=True)               # the alternating layer
+    with pytest.raises(ConfigError, match="needs ffn_weight > 0"):
+        ModelConfig.preset("certified-joint", learn_steps=True, ffn_weight=0.0)
+    assert ModelConfig.preset("certified-joint").learn_steps is False
 
 
 # ----------------------------------------------------------------------------- the bounded variant

@@ -20,7 +20,9 @@ certified configs also refuse step sizes outside the range their theorem certifi
 Whole-layer descent is a run-time option for the alternating layer: pass `safeguard=True` to the
 model's forward (backtracking on the step size, THEORY §3.5). The joint layer (`layer="joint"`,
 THEORY §3.7: one MM step on λE_A + ½‖Y − X‖² + γE_H, γ = `ffn_weight`, α = `alpha_attention`)
-lowers its whole-layer energy by construction, so it never needs the safeguard.
+lowers its whole-layer energy by construction, so it never needs the safeguard. `learn_steps=True` learns
+α = alpha_attention·σ(θ) and γ = softplus(φ) per layer (one pair for a tied model's steps), inside the
+certified ranges for every θ, φ.
 `attention_norm="length"` weights the attention term by 1/n (n = the sample's real tokens:
 ν_h = λ s_h²/n), for either layer kind; every guarantee holds unchanged. `ffn_bound="spectral"` keeps
 the tied FFN's ‖W1‖₂ ≤ 1 (W1 = V / max(1, ‖V‖₂), `layers.SpectralCap`), so that E_H ≥ −‖Y‖‖b‖ − ½‖b‖²
@@ -85,7 +87,7 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
                 ffn_weight=1.0, attention_norm="none", ffn_bound="none",
-                positions="none", max_positions=512, metric="isotropic")
+                positions="none", max_positions=512, metric="isotropic", learn_steps=False)
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -165,6 +167,7 @@ class ModelConfig:
     positions: str | None = None          # none | learned | sinusoidal (added to the input) | rotary (§3.9)
     max_positions: int | None = None      # learned positions only: rows of the table (longest sequence)
     metric: str | None = None             # anchored: isotropic (s_h I) | diagonal | free per-head map A_h (§3.8)
+    learn_steps: bool | None = None       # joint layer only: learned α ∈ (0, alpha_attention], γ > 0 per layer
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -291,6 +294,9 @@ class ModelConfig:
             raise ConfigError(f"metric={self.metric!r} runs with the tied FFN or none")
         if self.ffn_weight is not None and not self.ffn_weight >= 0:
             raise ConfigError(f"ffn_weight must be a finite number >= 0, got {self.ffn_weight}")
+        if self.learn_steps and not self.ffn_weight > 0:
+            raise ConfigError(f"learn_steps learns γ = softplus(φ) > 0 from ffn_weight; it needs ffn_weight > 0, "
+                              f"got {self.ffn_weight}")
         if self.ista_lambda is not None and not self.ista_lambda >= 0:
             raise ConfigError(f"ista_lambda must be a finite number >= 0, got {self.ista_lambda}")
         if self.readout is not None and self.readout not in CRATE_READOUTS:
@@ -341,7 +347,7 @@ def _used_fields(attention: str, ffn: str, layer: str, positions: str = "none") 
     if attention == "anchored" and ffn == "tied":
         used.add("layer")
         if layer == "joint":          # one step of size alpha_attention; γ weights the FFN term
-            used = (used - {"alpha_ffn"}) | {"ffn_weight"}
+            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps"}
     return used
 
 

@@ -77,7 +77,11 @@ def check_step(name: str, value: Any, kind: str, rho=None, *, certified: bool = 
     """A step size of `kind` (anchored | metric | tied | symmetric): always a finite number > 0; with
     `certified`, inside the range its theorem certifies (ConfigError naming `name`, the range and the
     theorem; the message `ModelConfig` gives for the same value). `rho` (a `Rho`, metric attention only)
-    widens the metric range to (0, 2) for a PSD kernel. Returns the value as a float."""
+    widens the metric range to (0, 2) for a PSD kernel. Returns the value as a float, or a learned step size
+    (a 0-dim tensor, checked by its value) as the tensor itself, so that gradients reach it."""
+    if hasattr(value, "detach") and value.dim() == 0 and value.is_floating_point():     # a torch tensor
+        check_step(name, float(value.detach()), kind, rho, certified=certified)
+        return value
     v = check_positive(name, value)
     if not certified:
         return v

@@ -23,7 +23,8 @@ same energies, same safeguard). The arguments and the config fields they set:
 | `alpha_ffn`       | `alpha_ffn`       | 1.0     | (0, 2)                 |
 
 Any other `ModelConfig` field can be passed by name (`learn_basis=False`, `basis_map="cayley"`,
-`certified=False` to leave the certified ranges, and fields of later layer kinds); `depth` and `tied`
+`certified=False` to leave the certified ranges, `layer="joint"` with `learn_steps`; a joint layer has no
+`alpha_ffn`); `depth` and `tied`
 belong to `CertifiedEncoder`. Attention masks other than padding (`src_mask`, `is_causal`) are refused:
 the energy couples every pair of real tokens.
 """
@@ -66,7 +67,7 @@ class CertifiedEncoderLayer(PretrainedMixin, nn.Module):
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, *, rho: str = "exp",
-                 alpha: float = 1.0, lam: float = 1.0, alpha_ffn: float = 1.0, batch_first: bool = True,
+                 alpha: float = 1.0, lam: float = 1.0, alpha_ffn: float | None = None, batch_first: bool = True,
                  **config):
         super().__init__()
         if batch_first is not True:
@@ -75,9 +76,10 @@ class CertifiedEncoderLayer(PretrainedMixin, nn.Module):
             if name in config:
                 raise ConfigError(f"{name} is not an argument of CertifiedEncoderLayer: depth and tying are "
                                   "CertifiedEncoder(layer, num_layers, tied=...)'s")
+        if alpha_ffn is not None:                              # None: 1.0, or no FFN step size (a joint layer)
+            config["alpha_ffn"] = alpha_ffn
         cfg = ModelConfig.preset("certified", d_model=d_model, n_heads=nhead, ffn_hidden=dim_feedforward, rho=rho,
-                                 alpha_attention=alpha, anchor_weight=lam, alpha_ffn=alpha_ffn, depth=1, tied=True,
-                                 **config)
+                                 alpha_attention=alpha, anchor_weight=lam, depth=1, tied=True, **config)
         self.encoder = UnfoldedTransformer(cfg)                # depth 1: the existing stack, one layer
 
     @classmethod

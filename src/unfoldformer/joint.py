@@ -32,9 +32,10 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F_nn
-from torch import Tensor
+from torch import Tensor, nn
 
 from . import energy as E
+from .errors import ConfigError
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, _valid
 from .rotated import RotatedStack, _Frame, _hidden, _row_squares, sample_log_nu
 from .softmax import AttentionPass
@@ -42,21 +43,52 @@ from .steps import anchored_attention_step, head_values
 
 __all__ = ["JointCarry", "JointLayer", "JointStack"]
 
+#: θ₀ of a learned step size α = α_max (a + (1 − a) σ(θ)): σ(4) = 0.982, near the fixed step's α_max.
+LEARNED_STEP_LOGIT = 4.0
+#: a: the learned step size's floor, as a fraction of α_max.
+LEARNED_STEP_FLOOR = 1e-3
+
 
 class JointLayer(UnfoldedLayer):
     """Anchored attention and the tied FFN as one MM step (module doc), in original coordinates.
 
     The step size is `attention.alpha` (certified range (0, 1]); `gamma` (γ ≥ 0) weights the FFN term;
-    `ffn.alpha` is not used. The model runs this layer in its own basis (`JointStack`); this module is
+    `ffn.alpha` is not used. `learn_steps`: α and γ are learned, α = α_max (a + (1 − a) σ(θ)) in
+    [a α_max, α_max] (a = 10⁻³) and γ = softplus(φ) ≥ 0, inside the certified ranges for every θ, φ (one
+    pair per layer; a tied model's steps share one, so its energy stays one function). The model runs this layer in its own basis (`JointStack`); this module is
     the reference for it."""
 
-    def __init__(self, attention: AnchoredAttention, ffn: TiedFFN, gamma: float):
+    def __init__(self, attention: AnchoredAttention, ffn: TiedFFN, gamma: float, learn_steps: bool = False):
         super().__init__(attention, ffn)
-        self.gamma = float(gamma)
+        self.learn_steps = bool(learn_steps)
+        if self.learn_steps:              # α ∈ [10⁻³ α_max, α_max], γ = softplus(φ) ≥ 0: certified for any θ, φ
+            if not gamma > 0:
+                raise ConfigError(f"learned step sizes need ffn_weight > 0 to start from, got {gamma:g}")
+            self.step_logit = nn.Parameter(torch.tensor(LEARNED_STEP_LOGIT))
+            self.ffn_weight_raw = nn.Parameter(torch.tensor(math.log(math.expm1(gamma))))
+        else:
+            self._gamma = float(gamma)
+
+    @property
+    def gamma(self) -> float | Tensor:
+        """γ ≥ 0: a float, or a learned 0-dim tensor softplus(φ) with `learn_steps` (0 where it underflows)."""
+        return F_nn.softplus(self.ffn_weight_raw) if self.learn_steps else self._gamma
+
+    def step_size(self) -> float | Tensor:
+        """α: `attention.alpha`, or the learned α_max (a + (1 − a) σ(θ)) ∈ [a α_max, α_max], a = 10⁻³
+        (α_max = `attention.alpha` ≤ 1): the floor keeps α > 0 where σ(θ) underflows (θ ≲ −88 in float32)."""
+        alpha = self.attention.alpha
+        if not self.learn_steps:
+            return alpha
+        # α_max (1 − (1 − a) σ(−θ)): the same number, written so that rounding never takes it above α_max
+        return alpha * (1 - (1 - LEARNED_STEP_FLOOR) * torch.sigmoid(-self.step_logit))
 
     def anchor_mix(self, X: Tensor, R: Tensor) -> Tensor:
         """p = (X + γ R)/(1 + γ): the anchor of the equivalent anchored step."""
-        return X if self.gamma == 0 else torch.lerp(X, R, self.gamma / (1 + self.gamma))
+        gamma = self.gamma
+        if not isinstance(gamma, Tensor):
+            return X if gamma == 0 else torch.lerp(X, R, gamma / (1 + gamma))
+        return torch.lerp(X, R, (gamma / (1 + gamma)).to(X.dtype))
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         att, ffn = self.attention, self.ffn
@@ -64,7 +96,7 @@ class JointLayer(UnfoldedLayer):
         R = F_nn.linear(torch.relu(F_nn.linear(Y, ffn.W1.T, ffn.b)), ffn.W1)        # (B, n, d) ReLU(YW1 + b)W1ᵀ
         lam = att.sample_lam(_valid(Y, padding_mask))
         return anchored_attention_step(Y, self.anchor_mix(X.to(Y.dtype), R), att.log_scale.exp(),
-                                       lam / (1 + self.gamma), att.rho, att.alpha * scale, padding_mask,
+                                       lam / (1 + self.gamma), att.rho, self.step_size() * scale, padding_mask,
                                        att.subspaces())
 
     def traced(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0,
@@ -108,10 +140,11 @@ class JointStack(RotatedStack):
         when already computed (ρ = exp: without a pass the step takes the one with the diagonal, which gives no
         energy)."""
         att, gamma = f.layer.attention, f.layer.gamma
-        alpha = att.alpha * scale
+        alpha = f.layer.step_size() * scale
         R = F_nn.linear(_hidden(Y, f), f.W) if R is None else R    # (B, n, d)
         P = f.layer.anchor_mix(Xr, R)                               # (B, n, d) (x̃ + γ r̃)/(1 + γ)
-        log_nu = sample_log_nu(f, valid) - math.log1p(gamma)        # (H,) or (B, 1, H): log(ν/(1 + γ)) or log κ
+        log1p_gamma = torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma)
+        log_nu = sample_log_nu(f, valid) - log1p_gamma              # (H,) or (B, 1, H): log(ν/(1 + γ)) or log κ
         H = att.H
         C, Pc = self.heads(Y, H), self.heads(P, H)                  # (B, n, H, dh) (rotated with rotary, §3.9)
         U, _ = self._anchored(f, C, Pc, valid, log_nu, alpha, attention)

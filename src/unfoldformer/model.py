@@ -68,7 +68,7 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
                                  rotary=cfg.positions == "rotary")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
             ffn = TiedFFN(d, cfg.ffn_hidden, 1.0, bound=cfg.ffn_bound)           # ffn.alpha unused
-            return JointLayer(attn, ffn, cfg.ffn_weight)
+            return JointLayer(attn, ffn, cfg.ffn_weight, bool(cfg.learn_steps))
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp",
                                certified=cfg.certified)

@@ -39,7 +39,7 @@ from .metrics import metric_kernel_update, metric_softmax_update
 from .positions import rope_tables, rotate_heads
 from .rho import get_rho
 from .softmax import AttentionPass, attention_pass, mass_energy
-from .steps import anchored_attention_step, anchored_softmax_update, isotropic_factors
+from .steps import anchored_attention_step, anchored_softmax_update, isotropic_factors, toward
 
 __all__ = ["RotatedStack", "runs_rotated"]
 
@@ -181,7 +181,7 @@ class RotatedStack:
         B, n, H, dh = C.shape
         return self.rot(C, inverse=True).reshape(B, n, H * dh)
 
-    def _anchored(self, f: _Frame, C: Tensor, P: Tensor, valid: Tensor, log_nu: Tensor, alpha: float,
+    def _anchored(self, f: _Frame, C: Tensor, P: Tensor, valid: Tensor, log_nu: Tensor, alpha: float | Tensor,
                   attention: AttentionPass | None) -> tuple[Tensor, AttentionPass | None]:
         """The anchored step on head coordinates C towards anchors P (B, n, H, dh): isotropic heads (§3.3, log ν =
         log(λ' s²)) or a diagonal / free metric (§3.8, log κ = log λ'), ρ = exp from the fused pass, other ρ from
@@ -201,7 +201,7 @@ class RotatedStack:
         num, deg = weighted_average(f.scales[None, :, None, None] * Ct, Ct, valid, get_rho(att.rho))
         nu = nu.reshape(-1, H)[:, :, None, None] if nu.dim() > 1 else nu[:, None, None]
         target = (nu * num + Pt) / (nu * deg + 1)                   # (B, H, n, dh)
-        U = target if alpha == 1 else torch.lerp(Ct, target, float(alpha))
+        U = toward(Ct, target, alpha)
         return U.transpose(1, 2), None
 
     def frame(self, ell: int) -> _Frame:

@@ -170,7 +170,15 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
         p = torch.lerp(C, Xc, torch.sigmoid(-log_nu)[..., None])  # (B, n, H, dh) p_i
         gate = torch.sigmoid(attention.log_mass - F_nn.softplus(-log_nu))[..., None]   # (B, n, H, 1)
         target = torch.lerp(p, attention.average, gate)            # (B, n, H, dh) t_i
-    return (target if alpha == 1 else torch.lerp(C, target, float(alpha))), attention
+    return toward(C, target, alpha), attention
+
+
+def toward(C: Tensor, target: Tensor, alpha: float | Tensor) -> Tensor:
+    """(1 − α) C + α target: `target` itself at α = 1 (a float: no arithmetic); a learned α (0-dim tensor)
+    keeps its gradient."""
+    if isinstance(alpha, Tensor):
+        return torch.lerp(C, target, alpha.to(C.dtype))
+    return target if alpha == 1 else torch.lerp(C, target, float(alpha))
 
 
 def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float | Tensor = 1.0,
