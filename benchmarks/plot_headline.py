@@ -57,18 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     left.title.set_fontsize(10)
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
-    names, shares, accs = [], [], []
+    names, shares, accs, has_energy = [], [], [], []
     for name, recs, share, acc_key in rows:
-        if not recs:
+        if not recs:                                                         # no result files: no bar
             continue
         names.append(name)
         shares.append(100 * statistics.mean(share(r) for r in recs) if share else 0.0)
         accs.append(100 * statistics.mean(r[acc_key] for r in recs))
+        has_energy.append(share is not None)
     x = np.arange(len(names))
     colours = ["tab:red", "tab:green", "tab:blue", "tab:orange", "tab:purple", "tab:gray"][:len(names)]
     right.bar(x, shares, color=colours)
-    for i, (s, a) in enumerate(zip(shares, accs)):
-        text = f"{s:.0f} %\nacc {a:.1f} %" if rows[i][2] else f"nothing\nto descend\nacc {a:.1f} %"
+    for i, (s, a, energy) in enumerate(zip(shares, accs, has_energy)):
+        text = f"{s:.0f} %\nacc {a:.1f} %" if energy else f"nothing\nto descend\nacc {a:.1f} %"
         right.text(i, s + 2, text, ha="center", va="bottom", fontsize=8)
     right.set(xticks=x, ylim=(0, 135), ylabel="dev sentences whose objective\nnever rises (%)",
               title="who descends its own objective, at what accuracy\nSST-2 dev, full budget, mean over 3 seeds")
