@@ -16,7 +16,6 @@ from __future__ import annotations
 import unfoldformer  # noqa: F401
 # isort: on
 import argparse
-import json
 import os
 import statistics
 import time
@@ -25,6 +24,7 @@ import torch
 
 from inference_speed import _classifier  # same folder
 from train_speed import _Table, make_batch
+from unfoldformer.utils import write_json
 
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer):
@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['speedup']:.2f}× | {r['first_compiled_call_s']:.1f} s |")
     print(f"{args.kind}, B = 32, {args.threads} thread(s), median of {args.rounds}, wall time; "
           f"1-minute load {load[0]:.1f} → {load[1]:.1f}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"results": results, "threads": args.threads, "load": load, "kind": args.kind}, fh, indent=2)
+    if args.json:                                                   # whole or not at all
+        write_json(args.json, {"results": results, "threads": args.threads, "load": load, "kind": args.kind,
+                               "rounds": args.rounds, "torch": torch.__version__})
     return 0
 
 

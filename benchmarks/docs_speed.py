@@ -10,7 +10,7 @@ from pathlib import Path
 import make_table as mt  # the accuracy table's loading and cell formatting (same folder)
 from docs_common import load, md, threads_said
 
-__all__ = ["energy_peak", "energy_speed", "inference_energies", "inference_speed", "profiles", "rho_busy", "rho_cost",
+__all__ = ["compile_speed", "energy_peak", "energy_speed", "inference_energies", "inference_speed", "profiles", "rho_busy", "rho_cost",
            "rho_step", "rho_threads", "scaling", "train_speed"]
 
 
@@ -303,3 +303,29 @@ def profiles(results: Path) -> str:
             "the end; the blocked kernel's worker threads are not seen by the profiler, so at 2 threads ρ ≠ exp "
             "shows as `_KernelSums` / `_KernelSumsBackward`)\n\n"
             + md(["case", "variant", "threads", "ms per call", "top operators (share of self CPU time)"], rows))
+
+
+def compile_speed(results: Path) -> str:
+    """`torch.compile` on the certified-joint classifier (`benchmarks/compile_speed.py --json`), one file per
+    thread count: eager and compiled medians, the speed-up and the first (compiling) call, per n and pass."""
+    files = [f"speed/compile_speed_joint_{t}.json" for t in ("1thread", "2threads")]
+    rows, breaks, said = [], set(), []
+    for rel in files:
+        raw = load(results, rel)
+        said.append(f"{raw['rounds']} rounds at {threads_said(raw, rel)}, 1-minute load "
+                    f"{raw['load'][0]:.1f} → {raw['load'][1]:.1f}")
+        breaks.add(raw["results"]["graph_breaks"]["count"])
+        for n, by_pass in raw["results"].items():
+            if n == "graph_breaks":
+                continue
+            for mode, r in by_pass.items():
+                med = r["median_s"]
+                rows.append([f"{int(n):,}", mode, str(raw.get("threads", "?")), f"{1e3 * med['eager']:.1f}",
+                             f"{1e3 * med['compiled']:.1f}", f"{r['speedup']:.2f}×", f"{r['first_compiled_call_s']:.0f}"])
+    kind = load(results, files[0])["kind"]
+    return (f"*`python benchmarks/compile_speed.py --kind {kind} --count-breaks --threads T --json "
+            "benchmarks/results/speed/compile_speed_joint_{1thread,2threads}.json`* (B = 32, width 128, depth 6, "
+            f"torch {load(results, files[0])['torch']}, inductor; eager and compiled alternated on fresh batches, "
+            f"medians of wall time; {'; '.join(said)}; graph breaks in the eval forward: "
+            f"{', '.join(map(str, sorted(breaks)))})\n\n"
+            + md(["n", "pass", "threads", "eager (ms)", "compiled (ms)", "speed-up", "first compiled call (s)"], rows))

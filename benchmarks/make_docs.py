@@ -30,6 +30,7 @@ from docs_common import md as _md
 from docs_common import threads_said as _threads
 from docs_reports import counterexamples, probe, reproduction, rho_spread
 from docs_speed import (
+    compile_speed,
     energy_peak,
     energy_speed,
     inference_energies,
@@ -508,7 +509,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
     "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
-    "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples}
+    "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples, "compile": compile_speed}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

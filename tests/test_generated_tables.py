@@ -110,6 +110,8 @@ NEW_BLOCKS = {
                         [0.5] * 13)),
     "profiles": ("docs/results/speed.md", "benchmarks/results/speed/profile_misses.json",
                  _scale(("cases", "lp-4096", "variants", "lp", "1", "wall_ms"), 2.0)),
+    "compile": ("docs/results/speed.md", "benchmarks/results/speed/compile_speed_joint_1thread.json",
+                _scale(("results", "64", "forward", "median_s", "eager"), 2.0)),
     # read from the test that asserts the rates, not from a result file (test_counterexample_table_...)
     "counterexamples": ("docs/theory.md", "tests/test_steps.py", None),
 }
@@ -121,7 +123,8 @@ SPEED_FILES = {"energy-speed": "benchmarks/results/speed/energy_speed.json",
                "peers-reduced": "benchmarks/results/speed/train_speed_peers_3.json",
                "accuracy-targets": "benchmarks/results/speed/train_speed.json",
                "inference-speed-1thread": "benchmarks/results/speed/inference_speed_1thread.json",
-               "inference-speed-2threads": "benchmarks/results/speed/inference_speed_2threads.json"}
+               "inference-speed-2threads": "benchmarks/results/speed/inference_speed_2threads.json",
+               "compile": "benchmarks/results/speed/compile_speed_joint_2threads.json"}
 
 
 def _committed_block(rel: str, name: str) -> str:
