@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -118,21 +119,39 @@ def validate_budget(dataset: str, model: str, pair: list[str], seed: int, extra:
 
 
 def budget_agreement(dataset: str, model: str, pair: list[str], seed: int, folder: Path = STUDY) -> str:
-    """Markdown: the pair's accuracies at both budgets and whether the screening ranking is the full one."""
-    acc = {}
+    """Markdown: the pair's accuracies at both budgets and whether the screening ranking is the full one.
+
+    With the cells' `eval_examples`, each budget's difference is set beside two standard errors of a
+    difference of two independent accuracies, √Σ p(1 − p)/m (both variants see the same examples, so this is
+    conservative); a difference below it is "not resolved". A tie (equal accuracies) ranks nothing."""
+    acc, count = {}, {}
     for name in pair:
         for budget, suffix in (("screening", "-reduced"), ("full", "")):
             path = _cell_path(dataset, model, seed, name, suffix, folder)
-            acc[name, budget] = json.loads(path.read_text())["accuracy"] if path.exists() else None
+            record = json.loads(path.read_text()) if path.exists() else {}
+            acc[name, budget], count[name, budget] = record.get("accuracy"), record.get("eval_examples")
     lines = ["| variant | screening (%) | full (%) |", "|---|---|---|"]
     pct = lambda v: "–" if v is None else f"{100 * v:.1f}"           # noqa: E731
     lines += [f"| {name} | {pct(acc[name, 'screening'])} | {pct(acc[name, 'full'])} |" for name in pair]
     if any(v is None for v in acc.values()):
         return "\n".join(lines + ["", "ranking: incomplete (missing cells)"]) + "\n"
     a, b = pair
-    same = (acc[a, "screening"] - acc[b, "screening"]) * (acc[a, "full"] - acc[b, "full"]) > 0
-    verdict = "agrees" if same else "DISAGREES"
-    return "\n".join(lines + ["", f"ranking: the screening budget {verdict} with the full budget"]) + "\n"
+    diff = {budget: acc[a, budget] - acc[b, budget] for budget in ("screening", "full")}
+    notes = []
+    for budget in diff:                       # resolution: 2 standard errors of the difference of two accuracies
+        if count[a, budget] and count[b, budget]:
+            se = math.sqrt(sum(acc[v, budget] * (1 - acc[v, budget]) / count[v, budget] for v in pair))
+            notes.append(f"{budget}: {a} − {b} = {100 * diff[budget]:+.1f} points, two standard errors "
+                         f"{200 * se:.1f}" + ("" if abs(diff[budget]) >= 2 * se else " (not resolved)"))
+    if diff["screening"] == 0 or diff["full"] == 0:
+        tied = " and ".join(budget for budget in diff if diff[budget] == 0)
+        verdict = f"ranking: cannot compare, the pair ties at the {tied} budget"
+    else:
+        same = diff["screening"] * diff["full"] > 0
+        verdict = f"ranking: the screening budget {'agrees' if same else 'DISAGREES'} with the full budget"
+        if any(n.endswith("(not resolved)") for n in notes):
+            verdict += " (a difference within two standard errors: the ranking is not resolved)"
+    return "\n".join(lines + [""] + [f"- {n}" for n in notes] + ([""] if notes else []) + [verdict]) + "\n"
 
 
 def _energy(record: dict, key: str, field: str) -> float | None:

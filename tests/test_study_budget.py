@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import accuracy  # noqa: E402
 import accuracy_study  # noqa: E402
 
 
-def _write(folder: Path, name: str, value: float) -> None:
+def _write(folder: Path, name: str, value: float, examples: int | None = None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps({"accuracy": value}))
+    record = {"accuracy": value} if examples is None else {"accuracy": value, "eval_examples": examples}
+    (folder / f"{name}.json").write_text(json.dumps(record))
 
 
 @pytest.mark.parametrize("full_b, verdict", [(0.78, "agrees"), (0.82, "DISAGREES")])
@@ -38,3 +40,30 @@ def test_a_missing_cell_makes_the_ranking_incomplete(tmp_path, monkeypatch):
     report = accuracy_study.budget_agreement("imdb", "certified-joint", ["baseline", "metric_free"], 0,
                                              tmp_path / "study")
     assert "ranking: incomplete (missing cells)" in report and "| metric_free | – | – |" in report
+
+
+def _cells(tmp_path, monkeypatch, screening, full, examples=(None, None)):
+    study, results = tmp_path / "study", tmp_path / "results"
+    monkeypatch.setattr(accuracy, "RESULTS", results)
+    for name, (s, f) in zip(("baseline", "metric_free"), zip(screening, full)):
+        _write(study, f"imdb-certified-joint-v_{name}-seed0-reduced", s, examples[0])
+        _write(study, f"imdb-certified-joint-v_{name}-seed0", f, examples[1])
+    return accuracy_study.budget_agreement("imdb", "certified-joint", ["baseline", "metric_free"], 0, study)
+
+
+def test_a_tie_ranks_nothing(tmp_path, monkeypatch):
+    report = _cells(tmp_path, monkeypatch, (0.794, 0.794), (0.842, 0.841))
+    assert "ranking: cannot compare, the pair ties at the screening budget" in report
+    assert "agrees" not in report and "DISAGREES" not in report
+
+
+@pytest.mark.parametrize("m, resolved", [(500, False), (25_000, True)])
+def test_differences_are_set_beside_two_standard_errors(tmp_path, monkeypatch, m, resolved):
+    """0.80 vs 0.78 on m examples each: two standard errors 2√(0.8·0.2/m + 0.78·0.22/m) = 5.1 points at
+    m = 500 (not resolved), 0.72 at m = 25,000 (resolved)."""
+    report = _cells(tmp_path, monkeypatch, (0.80, 0.78), (0.80, 0.78), (m, m))
+    two_se = 200 * math.sqrt((0.8 * 0.2 + 0.78 * 0.22) / m)
+    line = f"- screening: baseline − metric_free = +2.0 points, two standard errors {two_se:.1f}"
+    assert line + ("" if resolved else " (not resolved)") + "\n" in report
+    assert "ranking: the screening budget agrees with the full budget" in report
+    assert ("the ranking is not resolved" in report) is not resolved
