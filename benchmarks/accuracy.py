@@ -69,6 +69,7 @@ from unfoldformer.config import PEER_ATTENTIONS
 from unfoldformer.data.batching import eval_batches
 from unfoldformer.data.files import cache_dir
 from unfoldformer.descent import descent_tolerance, lowered
+from unfoldformer.names import KINDS_BEFORE_0_3
 from unfoldformer.rho import RHO_FAMILY
 from unfoldformer.train import KINDS, TrainConfig, evaluate_checkpoint, train
 from unfoldformer.train.build import load_split
@@ -90,7 +91,12 @@ MODEL = {"d_model": 128, "depth": 6, "n_heads": 4, "ffn_hidden": 512}
 OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "grad_clip": 1.0}
 
 
-RHO_MODELS = ("certified-tied", "certified-untied")   # the models that take a ρ other than exp
+#: A cell is named by the model kinds of version 0.2.0, in which its results were first recorded (`certified-tied`
+#: = today's `certified-alternating`, `certified-untied` = `certified-alternating-untied`, `certified-joint` =
+#: `certified`, `certified-joint-untied` = `certified-untied`), so every result file keeps its name and meaning;
+#: `model_section` builds the kind a label stands for. The tables print today's names (`make_table.NAMES`).
+LABELS = tuple({new: old for old, new in KINDS_BEFORE_0_3.items()}.get(k, k) for k in KINDS)
+RHO_MODELS = ("certified-tied", "certified-untied")   # the models that take a ρ other than exp (alternating)
 PEERS = PEER_ATTENTIONS                                # the peer encoders' kinds (THEORY §8)
 NO_FFN_WIDTH = ("paper", "crate")                      # models without a hidden FFN width
 
@@ -98,7 +104,8 @@ NO_FFN_WIDTH = ("paper", "crate")                      # models without a hidden
 def model_section(kind: str, rho: str = "exp") -> dict:
     """The benchmark's `model` config section for `kind` (the paper's F1 FFN has no hidden width)
     with attention penalty `rho` (left to the preset, exp, unless another is named)."""
-    section = {"kind": kind, **{k: v for k, v in MODEL.items() if not (kind in NO_FFN_WIDTH and k == "ffn_hidden")}}
+    sizes = {k: v for k, v in MODEL.items() if not (kind in NO_FFN_WIDTH and k == "ffn_hidden")}
+    section = {"kind": KINDS_BEFORE_0_3.get(kind, kind), **sizes}
     return section if rho == "exp" else {**section, "rho": rho}
 
 
@@ -307,11 +314,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     p.add_argument("--dataset", choices=sorted(DATASETS))
-    p.add_argument("--model", choices=KINDS)
+    p.add_argument("--model", choices=LABELS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--all", action="store_true", help="every (dataset, model, seed) cell without a result yet")
     p.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=sorted(DATASETS, reverse=True))
-    p.add_argument("--models", nargs="+", choices=KINDS, help="default: all models (exp) or the certified ones")
+    p.add_argument("--models", nargs="+", choices=LABELS, help="default: all models (exp) or the certified ones")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--rho", choices=sorted(RHO_FAMILY), default="exp",
                    help=f"attention penalty of the certified models ({', '.join(RHO_MODELS)}); default exp")
@@ -336,7 +343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.set and not args.variant:
         p.error("--set needs --variant: name the variant whose config changes --set gives")
     if args.models is None:
-        args.models = list(KINDS) if args.rho == "exp" else list(RHO_MODELS)
+        args.models = list(LABELS) if args.rho == "exp" else list(RHO_MODELS)
     asked = set(args.models) | ({args.model} if args.model else set())
     wrong = sorted(asked - set(RHO_MODELS)) if args.rho != "exp" else []
     if wrong:

@@ -58,6 +58,7 @@ VARIANTS: dict[str, list[str]] = {
     "alpha_attention_0.5": ["model.alpha_attention=0.5"],   # anchored attention: α ∈ (0, 1]
     "lambda_0.3": ["model.anchor_weight=0.3"],
     "lambda_3": ["model.anchor_weight=3.0"],
+    "weights_16_3": ["model.anchor_weight=16.0", "model.ffn_weight=3.0"],   # the joint step near 4 : 1 : 3 (fresh.md)
     "ffn_1024": ["model.ffn_hidden=1024"],
     "heads_8": ["model.n_heads=8"],
     "depth_12": ["model.depth=12"],
@@ -187,7 +188,7 @@ def table(folder: Path = STUDY) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=sorted(BUDGETS))
-    p.add_argument("--model", choices=accuracy.KINDS, default="certified-tied")
+    p.add_argument("--model", choices=accuracy.LABELS, default="certified-tied")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", default="1")

@@ -176,7 +176,7 @@ def bench_joint(repeats: int, B: int = 32, n: int = 128, d: int = 384) -> dict:
     thread time at one thread, wall time above (the calling thread's CPU time misses the other threads)."""
     torch.manual_seed(0)
     xs = [torch.randn(B, n, d) for _ in range(2)]
-    model = UnfoldedTransformer(ModelConfig.preset("certified-joint", d_model=d, n_heads=4, depth=12,
+    model = UnfoldedTransformer(ModelConfig.preset("certified", d_model=d, n_heads=4, depth=12,
                                                    ffn_hidden=4 * d)).eval()
     modes = {"plain": {}, "curve": {"return_energies": True}}
     times: dict[str, list[float]] = {m: [] for m in modes}
@@ -198,7 +198,7 @@ def bench_joint(repeats: int, B: int = 32, n: int = 128, d: int = 384) -> dict:
 def bench_c(repeats: int, B: int = 32, n: int = 128, d: int = 384) -> dict:
     torch.manual_seed(0)
     xs = [torch.randn(B, n, d) for _ in range(2)]
-    cfg = ModelConfig.preset("certified", d_model=d, n_heads=4, depth=12, ffn_hidden=4 * d)
+    cfg = ModelConfig.preset("certified-alternating", d_model=d, n_heads=4, depth=12, ffn_hidden=4 * d)
     model = UnfoldedTransformer(cfg).eval()
     modes = {"plain": {}, "curve": {"return_energies": True}, "steps": {"return_energies": "steps"},
              "safeguard": {"safeguard": True}}

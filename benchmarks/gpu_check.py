@@ -82,7 +82,7 @@ def correctness(device: torch.device, n: int) -> dict[str, float]:
         got = attention_energy(Y.to(device), F.to(device), rho, pad.to(device))
         res[f"attention_energy {rho}"] = _rel(got, attention_energy(Y.double(), F.double(), rho, pad, method="gram"))
 
-    cfg = ModelConfig.preset("certified", d_model=64, n_heads=4, depth=3, ffn_hidden=128)
+    cfg = ModelConfig.preset("certified-alternating", d_model=64, n_heads=4, depth=3, ffn_hidden=128)
     torch.manual_seed(0)
     model = UnfoldedTransformer(cfg).eval()
     x = torch.randn(2, n, 64, generator=g)
@@ -119,7 +119,7 @@ def speed(device: torch.device, tiny: bool, rounds: int) -> dict[str, float]:
     out[f"energy, padded batch {tuple(Y.shape)} float64"] = _timed(lambda: attention_energy(Y, F, "exp", pad), rounds,
                                                                    device)
     torch.manual_seed(0)
-    certified = UnfoldedTransformer(ModelConfig.preset("certified", d_model=d, n_heads=4, depth=depth,
+    certified = UnfoldedTransformer(ModelConfig.preset("certified-alternating", d_model=d, n_heads=4, depth=depth,
                                                        ffn_hidden=4 * d)).to(device)
     standard = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True,
                                                                 norm_first=True), depth,

@@ -35,14 +35,14 @@ import time
 import torch
 from tqdm import tqdm
 
-from accuracy import MODEL, model_section  # the accuracy benchmark's settings (same folder)
+from accuracy import LABELS, MODEL, model_section  # the accuracy benchmark's settings (same folder)
 from train_speed import _Table, make_batch
-from unfoldformer.train import KINDS, TrainConfig
+from unfoldformer.train import TrainConfig
 from unfoldformer.train.build import build_classifier
 from unfoldformer.utils import environment, write_json
 
 CERTIFIED = [k for k in ("certified-tied", "certified-untied", "certified-joint", "certified-joint-untied")
-             if k in KINDS]
+             if k in LABELS]
 TARGET = 1.0                                        # certified plain inference ≥ 1.0× the fastest standard path
 
 

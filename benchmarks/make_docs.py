@@ -28,6 +28,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 from docs_common import load as _load
 from docs_common import md as _md
 from docs_common import threads_said as _threads
+from docs_fresh import fresh
 from docs_reports import counterexamples, probe, reproduction, rho_spread
 from docs_speed import (
     compile_speed,
@@ -44,12 +45,14 @@ from docs_speed import (
     scaling,
     train_speed,
 )
+from unfoldformer.names import KINDS_BEFORE_0_3  # result labels (0.2.0 kind names) -> today's kinds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md",
          "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md",
-         "docs/theory.md", "docs/results/reproduction.md")
+         "docs/theory.md", "docs/results/reproduction.md",
+         "docs/results/fresh.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
                    r"\(python benchmarks/make_docs.py\) -->\n")
 
@@ -137,13 +140,13 @@ def headline(results: Path) -> str:
     pct = lambda v: mt.mean_std(v).replace(" (1)", "").rsplit(" (", 1)[0] if v else "n/a"
     rows = []
     for key, name, descends in (
-            (("certified-tied", "exp", ("optim.lr=0.003",)), "certified (tied), lr 3e-3", "its energy E"),
-            (("certified-tied", "exp", ()), "certified (tied), default lr 1e-3", "its energy E"),
-            (("certified-untied", "exp", ("optim.lr=0.003",)), "certified (untied), lr 3e-3",
-             "each layer its own E_ℓ"),
-            (("certified-joint", "exp", ()), "certified-joint (tied)", "its energy E, by construction"),
-            (("certified-joint-untied", "exp", ()), "certified-joint (untied)",
+            (("certified-joint", "exp", ()), "certified (joint, tied)", "its energy E, by construction"),
+            (("certified-joint-untied", "exp", ()), "certified-untied (joint)",
              "each layer its own E_ℓ, by construction"),
+            (("certified-tied", "exp", ("optim.lr=0.003",)), "certified-alternating (tied), lr 3e-3", "its energy E"),
+            (("certified-tied", "exp", ()), "certified-alternating (tied), default lr 1e-3", "its energy E"),
+            (("certified-untied", "exp", ("optim.lr=0.003",)), "certified-alternating (untied), lr 3e-3",
+             "each layer its own E_ℓ"),
             (("standard", "exp", ()), "standard pre-LN Transformer", "nothing"),
             (("energy-transformer", "exp", ()), "Energy Transformer (peer)", "its energy"),
             (("crate", "exp", ()), "CRATE (peer)", "its coding rate, per layer")):
@@ -162,7 +165,7 @@ def headline(results: Path) -> str:
         rows.append([name, descends, f"{pct(mt._values(recs, 'accuracy'))} ({len(recs)})", speed, pct(unaided),
                      pct(guarded)])
     return _md(["model", "descends", "SST-2 dev acc (%) (seeds)", "training step vs standard, n = 64 / 256",
-                "never rises, unaided (%)", "safeguard on (%)"], rows)
+                "never rises, unaided (%): tied the curve, untied every layer", "safeguard on (%)"], rows)
 
 
 def study(results: Path) -> str:
@@ -173,7 +176,9 @@ def study(results: Path) -> str:
     energy = lambda r, k, f: (r.get(k) or {}).get(f)
     records.sort(key=lambda r: (r["dataset"], r["budget"] != "reduced", r["model"], r["variant"] != "baseline",
                                 r["variant"], r["seed"]))
-    name = lambda r: [f"{r['dataset']}, {r['budget']}", r["model"], f"{r['variant']}, seed {r['seed']}"]
+    name = lambda r: [f"{r['dataset']}, {r['budget']}", KINDS_BEFORE_0_3.get(r["model"], r["model"]),
+                      f"{r['variant']}, seed {r['seed']}"]
+    one_curve = lambda r: r["model"] not in mt.UNTIED
     acc, desc = [], []
     for r in records:
         b = base.get((r["dataset"], r["model"], r["budget"]))
@@ -183,8 +188,9 @@ def study(results: Path) -> str:
                               "–" if loss is None else f"{loss:.3f}"])
         if r.get("energy"):
             desc.append(name(r) + [pct(energy(r, "energy", "layer_descent_share")),
-                                   pct(energy(r, "energy", "monotone_share")),
-                                   pct(energy(r, "energy_safeguard", "monotone_share")), f"{r['tokens_per_s']:,.0f}"])
+                                   pct(energy(r, "energy", "monotone_share")) if one_curve(r) else "n/a",
+                                   pct(energy(r, "energy_safeguard", "monotone_share")) if one_curve(r) else "n/a",
+                                   f"{r['tokens_per_s']:,.0f}"])
     return "\n".join([
         "*Accuracy and fit*", "",
         _md(["dataset, budget", "model", "variant", "accuracy (%)", "Δ vs baseline", "safeguard on (%)",
@@ -267,7 +273,7 @@ def peers_reduced(results: Path) -> str:
         rows.append([name, _DESCENDS[m], _pct(s["accuracy"]), imdb(i, "accuracy", "accuracy_full_length"), said,
                      speed(m)])
         if m == "certified-tied":
-            rows.append(["certified (tied), safeguard on", "the same, backtracking until it does",
+            rows.append(["certified-alternating (tied), safeguard on", "the same, backtracking until it does",
                          _pct(s["accuracy_safeguard"]), imdb(i, "accuracy_safeguard", "accuracy_full_length_safeguard"),
                          " / ".join(_pct(r["energy_safeguard"]["monotone_share"]) for r in (s, i)), "(inference only)"])
     n_say = " / ".join(times)
@@ -384,21 +390,25 @@ def zoo(results: Path) -> str:
     folder = results.parent.parent / "src" / "unfoldformer" / "zoo"
     noun = {"sst2": "SST-2 sentences", "imdb": "IMDB reviews"}
     rows = []
-    for card in sorted(folder.glob("*/card.json"), key=lambda p: p.parent.name != "sst2-certified-tied"):
+    for card in sorted(folder.glob("*/card.json"), key=lambda p: (not p.parent.name.startswith("sst2"), p.parent.name)):
         c = json.loads(card.read_text())
         run, sub = c["run"], c["subset"]
-        rows.append([f"`{c['name']}`", f"{c['data']['train_examples']:,} {noun[c['data']['dataset']]}",
+        n = c["data"]["train_examples"]                            # None: the whole training split
+        rows.append([f"`{c['name']}`", f"{c['model'].get('layer', 'alternating')}, "
+                     f"{'tied' if c['model'].get('tied', True) else 'untied'}",
+                     f"{n:,} {noun[c['data']['dataset']]}" if n else f"all {noun[c['data']['dataset']]}",
                      str(c["data"]["max_length"]),
                      f"{run['accuracy']:.4f} ({run['eval_examples']:,} {run['eval_split']})",
                      f"{sub['correct']} / {sub['examples']}"])
     return ("*`src/unfoldformer/zoo/*/card.json`, written by `python tools/zoo_build.py RUN_DIR NAME --commit SHA "
             "--command ...`*\n\n"
-            + _md(["name", "training data", "max length", "eval accuracy", "check subset"], rows))
+            + _md(["name", "layer", "training data", "max length", "eval accuracy", "check subset"], rows))
 
 
 
-_SHORT = {"certified-tied": "tied", "certified-untied": "untied", "certified-joint": "joint (tied)",
-          "certified-joint-untied": "joint (untied)", "paper": "paper", "standard": "standard"}
+_SHORT = {"certified-tied": "alternating (tied)", "certified-untied": "alternating (untied)",
+          "certified-joint": "certified (joint, tied)", "certified-joint-untied": "certified-untied (joint)",
+          "paper": "paper", "standard": "standard"}
 
 
 def _settings(by: dict, model: str) -> list[list[dict]]:
@@ -500,7 +510,31 @@ def numerics(results: Path) -> str:
             + _md(["measure", "measured"], rows))
 
 
+def certificate(results: Path) -> str:
+    """The joint layer's certificate under its arithmetic (`benchmarks/certificate_check.py`), one row per count."""
+    raw = _load(results, "numerics/certificate.json")
+    rows = [["drawn models (float64 / float32)", f"{raw['models']:,} ({raw['float64_models']:,} / "
+             f"{raw['float32_models']:,}), {raw['layer_steps']:,} layer steps"],
+            ["reported rises (curve beyond descent_tolerance) / of them not confirmed by the long-double reference",
+             f"{raw['reported_rises']} / {raw['rises_unconfirmed']}"],
+            ["safeguard steps shortened (float64 and float32)", f"{raw['float64_backtracks']}"],
+            ["float32 samples the safeguard kept at their state (rounding rises) / of them not real rises",
+             f"{raw['float32_kept']} / {raw['float32_kept_unconfirmed']}"],
+            ["accepted float32 steps rising beyond the tolerance under the reference",
+             f"{raw['float32_accepted_rising']} of {raw['float32_accepted']:,}"],
+            ["reported energies erring by more than the tolerance they are judged with (worst, in tolerances)",
+             f"{raw['energies_beyond_tolerance']} of {raw['energies']:,} "
+             f"({raw['worst_energy_error_over_tol']:.2g})"],
+            ["plain and traced forwards not bit-identical", f"{raw['plain_traced_differ']}"]]
+    return ("*`python benchmarks/certificate_check.py` in chunks, merged into "
+            "`benchmarks/results/numerics/certificate.json`* (every ρ, isotropic and free metrics, rotary, learned "
+            "steps and bases, tied and untied, λ ≥ 1e-4, γ ≥ 1e-6, tokens up to 1e3; depth-1 models judged against "
+            f"explicit pair differences in long double; {raw['seconds']:.0f} s on one thread)\n\n"
+            + _md(["count", "measured"], rows))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "fresh": fresh,
     "headline": headline, "accuracy-full": accuracy_full, "accuracy-reduced": accuracy_reduced,
     "rho-accuracy": rho_accuracy, "study": study, "train-speed": train_speed, "scaling": scaling,
     "peers-seeds": peers_seeds, "energy-speed": energy_speed, "rho-step": rho_step, "rho-cost": rho_cost,
@@ -509,7 +543,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
     "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
-    "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples, "compile": compile_speed}
+    "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples, "compile": compile_speed,
+    "certificate": certificate}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

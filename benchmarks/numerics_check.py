@@ -47,7 +47,8 @@ def _run(strategy, cases: int, body) -> None:
 
 def _model(heads: int, seed: int, depth: int = 2, tied: bool = True) -> UnfoldedTransformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig.preset("certified", d_model=16, n_heads=heads, depth=depth, ffn_hidden=32, anchor_weight=0.5,
+    cfg = ModelConfig.preset("certified-alternating", d_model=16, n_heads=heads, depth=depth, ffn_hidden=32,
+                             anchor_weight=0.5,
                              tied=tied)
     model = UnfoldedTransformer(cfg)
     with torch.no_grad():

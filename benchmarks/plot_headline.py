@@ -3,7 +3,7 @@
     python benchmarks/plot_headline.py [--results benchmarks/results] [--out docs/img/headline.png]
 
 Reads only committed result files of the accuracy benchmark (SST-2 dev, full budget).
-Left: the mean energy curve of the trained certified-joint model (the recommended layer, seeds 0-2),
+Left: the mean energy curve of the trained `certified` (joint) model (the recommended layer, seeds 0-2),
 E(Y⁽ᵗ⁾) − E(Y⁽⁰⁾) averaged over the dev sentences (`energy.mean_curve`), no safeguard, on a symmetric log scale
 (its energy is unbounded below and falls faster at every layer); the standard Transformer has no energy to draw.
 Right: the share of dev sentences whose own objective never rises
@@ -37,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     res = Path(args.results)
     cert = _load(sorted((res / "study").glob("sst2-certified-tied-v_lr_3e-3-seed[0-9].json")))
     joint = _load(sorted(res.glob("sst2-certified-joint-seed[0-9].json")))
-    rows = [("certified-joint\n(tied), unaided", joint, lambda r: r["energy"]["monotone_share"], "accuracy"),
-            ("certified (tied)\nsafeguard on", cert, lambda r: r["energy_safeguard"]["monotone_share"],
+    rows = [("certified (joint,\ntied), unaided", joint, lambda r: r["energy"]["monotone_share"], "accuracy"),
+            ("alternating,\nsafeguard on", cert, lambda r: r["energy_safeguard"]["monotone_share"],
              "accuracy_safeguard"),
-            ("certified (tied)\nunaided", cert, lambda r: r["energy"]["monotone_share"], "accuracy"),
+            ("alternating,\nunaided", cert, lambda r: r["energy"]["monotone_share"], "accuracy"),
             ("Energy\nTransformer", _load(sorted(res.glob("sst2-energy-transformer-seed[0-9].json"))),
              lambda r: r["peer_energy"]["monotone_share"], "accuracy"),
             ("CRATE\n(every layer)", _load(sorted(res.glob("sst2-crate-seed[0-9].json"))),
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         left.plot(np.arange(curve.size), curve - curve[0], "o-", ms=4, label=f"seed {r['seed']}")
     left.set_yscale("symlog", linthresh=10)
     left.set(xlabel="layer t", ylabel="mean E(Y$^{(t)}$) − E(Y$^{(0)}$)",
-             title="certified-joint (tied), trained: mean energy per layer\nSST-2 dev, no safeguard")
+             title="certified (joint, tied), trained: mean energy per layer\nSST-2 dev, no safeguard")
     left.title.set_fontsize(10)
     left.legend(fontsize=8)
     left.grid(alpha=0.3)

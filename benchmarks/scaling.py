@@ -88,7 +88,7 @@ def _encoder(kind: str):
     torch.manual_seed(0)
     if kind == "standard":
         return StandardTransformer(ModelConfig.preset("standard", **sizes))
-    return UnfoldedTransformer(ModelConfig.preset("certified", **sizes))
+    return UnfoldedTransformer(ModelConfig.preset("certified-alternating", **sizes))
 
 
 def build(series: str, n: int):

@@ -44,22 +44,22 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from accuracy import MODEL, OPTIM, RHO_MODELS, model_section  # the accuracy benchmark's settings (same folder)
+from accuracy import LABELS, MODEL, OPTIM, RHO_MODELS, model_section  # the accuracy benchmark's settings
 from unfoldformer.rho import RHO_FAMILY
-from unfoldformer.train import KINDS, TrainConfig
+from unfoldformer.train import TrainConfig
 from unfoldformer.train.build import build_classifier, make_optimizer
 from unfoldformer.utils import environment, write_json
 
-NAMES = {"certified-tied": "certified (tied)", "certified-untied": "certified (untied)",
+NAMES = {"certified-tied": "certified-alternating (tied)", "certified-untied": "certified-alternating (untied)",
          "paper": "paper preset", "standard": "standard pre-LN Transformer",
-         "certified-tied-fixed-basis": "certified (tied), learn_basis=False",
-         "certified-untied-cayley": "certified (untied), Cayley map",
+         "certified-tied-fixed-basis": "certified-alternating (tied), learn_basis=False",
+         "certified-untied-cayley": "certified-alternating (untied), Cayley map",
          "energy-transformer": "Energy Transformer (peer)", "crate": "CRATE (peer)",
          "energy-transformer-explicit": "Energy Transformer (peer), explicit n × n step (0.2.0)",
-         "certified-joint": "certified-joint (tied, one MM step per layer)",
-         "certified-joint-untied": "certified-joint (untied)"}
+         "certified-joint": "certified (joint, tied, one MM step per layer)",
+         "certified-joint-untied": "certified-untied (joint)"}
 #: variant -> (kind, model overrides)
-VARIANTS = {**{kind: (kind, {}) for kind in KINDS if kind != "paper-as-released"},   # (the released formulas need
+VARIANTS = {**{kind: (kind, {}) for kind in LABELS if kind != "paper-as-released"},   # (the released formulas need
             # one head at width 300: not this benchmark's size; they are not trained for accuracy either)
             "certified-tied-fixed-basis": ("certified-tied", {"learn_basis": False}),
             "certified-untied-cayley": ("certified-untied", {"basis_map": "cayley"}),

@@ -38,7 +38,7 @@ def main() -> int:
 
     # a whole certified model with it, safeguard on: the curve never rises
     depth = 2 if TINY else 6
-    model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified", d_model=d, n_heads=2, depth=depth,
+    model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-alternating", d_model=d, n_heads=2, depth=depth,
                                                          rho="sqrt1")).eval()
     with torch.no_grad():
         E = model(Y.float(), pad, safeguard=True).energies              # (B, depth + 1)

@@ -30,7 +30,7 @@ def curves_random(safeguard: bool) -> torch.Tensor:
     """(B, depth + 1) energy curves of a random-init certified model on random tokens."""
     d, n, depth = (16, 8, 3) if TINY else (64, 32, 6)
     torch.manual_seed(0)
-    model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified", d_model=d, n_heads=2, depth=depth)).eval()
+    model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-alternating", d_model=d, n_heads=2, depth=depth)).eval()
     x = torch.randn(4, n, d)                                           # (B, n, d)
     pad = torch.zeros(4, n, dtype=torch.bool)
     pad[1, n // 2:] = True                                              # one padded text

@@ -5,7 +5,7 @@
 Writes a small three-class CSV (`message`, `queue` columns) into OUT_DIR (default: a temporary folder),
 trains the joint certified model on it through the Python API — the same run as
 `unfoldformer train --data.train_file tickets.csv --data.text_column message --data.label_column queue
---model.kind certified-joint` — then evaluates the held-out split the run made, and predicts new texts,
+--model.kind certified` — then evaluates the held-out split the run made, and predicts new texts,
 printing each label by name with its per-token energy curve E/n. Any CSV, TSV, JSONL, Parquet file or
 `datasets` folder works the same way (docs/guides/own-data.md). UNFOLDFORMER_EXAMPLE_TINY=1 runs at a
 tiny size (the test suite does).
@@ -48,7 +48,7 @@ def main() -> int:
     write_tickets(out / "tickets.csv", rows=60 if TINY else 600)
     cfg = TrainConfig().with_overrides([
         "--data.train_file", str(out / "tickets.csv"), "--data.text_column", "message",
-        "--data.label_column", "queue", "--model.kind", "certified-joint",
+        "--data.label_column", "queue", "--model.kind", "certified",
         "--model.depth", "2" if TINY else "6", "--optim.epochs", "2" if TINY else "4",
         "--optim.batch_size", "8", "--run.out_dir", str(out / "run"), "--run.progress", "false",
         "--run.tensorboard", "false", "--run.device", "cpu"])

@@ -85,8 +85,9 @@ def default_dtype(dtype: torch.dtype):
 # ----------------------------------------------------------------------------- small models and inputs
 def small_config(preset: str, **overrides) -> ModelConfig:
     """A tiny resolved config of `preset` (d = 8, depth 4) for fast model tests."""
-    base = dict(d_model=8, n_heads=2 if preset in ("certified", "standard") else 1, depth=4)
-    if preset in ("certified", "standard"):
+    multi_head = preset.startswith("certified") or preset == "standard"
+    base = dict(d_model=8, n_heads=2 if multi_head else 1, depth=4)
+    if multi_head:
         base["ffn_hidden"] = 16
     return ModelConfig.preset(preset, **{**base, **overrides})
 
@@ -150,7 +151,7 @@ SMALL_TRAIN = [*TINY_TRAIN, "--model.ffn_hidden", "16", "--data.max_train_exampl
 
 
 def train_small_run(sst2_dir, out):
-    """A finished SMALL_TRAIN run (certified-tied, random embeddings built from the synthetic data) in `out`."""
+    """A finished SMALL_TRAIN run (the default kind `certified`, random embeddings from the synthetic data) in `out`."""
     from unfoldformer.train import TrainConfig, train
 
     train(TrainConfig().with_overrides([*SMALL_TRAIN, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out)]))
@@ -164,3 +165,22 @@ def registry():
     yield
     RHO_FAMILY.clear()
     RHO_FAMILY.update(before)
+
+
+def resign_model_folder(folder: Path, tensors: dict) -> None:
+    """Rewrite a model folder's model.safetensors with `tensors`, its per-tensor checksums and the folder's
+    manifest made to match, as a consistent forger (or a model saved after its weights went bad) would."""
+    import json
+
+    from safetensors import safe_open
+
+    from unfoldformer.persist.folder import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+    from unfoldformer.persist.manifest import MANIFEST_NAME, SAVED_COMMAND, folder_manifest
+    from unfoldformer.persist.weights import write_weights_file
+    with safe_open(str(folder / WEIGHTS_FILE), "pt") as handle:
+        meta = handle.metadata()
+    write_weights_file(folder / WEIGHTS_FILE, tensors, json.loads(meta["info"]))
+    info = json.loads((folder / CONFIG_FILE).read_text())
+    manifest = folder_manifest(folder, SAVED_COMMAND, None, {"class": info["class"], "init": info["init"]},
+                               names=[WEIGHTS_FILE, CONFIG_FILE, CARD_FILE])
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))

@@ -38,9 +38,10 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-__all__ = ["SHAPES", "TokenBatch", "as_float64", "batch_scale", "token_sets"]
+__all__ = ["RHOS", "SHAPES", "TokenBatch", "as_float64", "batch_scale", "joint_models", "token_sets"]
 
 SHAPES = ("gaussian", "clusters", "identical", "duplicates")
+RHOS = ("exp", "log", "lp", "linear", "truncated")     # every built-in ρ (rho.RHO_FAMILY)
 
 
 class TokenBatch(NamedTuple):
@@ -130,3 +131,47 @@ def token_sets(draw, *, d: int | None = None, n: int | None = None, max_n: int =
     Y = torch.stack(Ys).to(dtype)                 # (B, n, d) rounded once to dtype
     X = torch.stack(Xs).to(dtype) if with_input else None
     return TokenBatch(Y, X, pad)
+
+
+@st.composite
+def joint_models(draw, d: int, dtype: torch.dtype, *, depth: int = 2, positions: bool = True):
+    """A random joint model on width d (import inside: the library is under test): every ρ, tied or untied,
+    learned basis or contiguous heads, isotropic or free metrics, rotary positions or none, fixed or learned
+    step sizes, and the corners the certificate's arithmetic meets: λ down to 1e-4 and γ down to 1e-6 (with
+    tokens at offsets up to 1e3 from `token_sets`, the model then starts near a fixed point: Y⁺ ≈ X), scales
+    e^{±2}, W₁ of any norm."""
+    import math
+
+    from unfoldformer.config import ModelConfig
+    from unfoldformer.model import UnfoldedTransformer
+    heads = [h for h in (1, 2, 4) if d % h == 0 and (d // h) % 2 == 0] or [1]
+    rotary = positions and d % 2 == 0 and draw(st.booleans())
+    heads = [h for h in heads if not rotary or (d // h) % 2 == 0] or [1]
+    gamma = draw(st.sampled_from([0.0, 1e-6, 1e-3, 1.0, draw(st.floats(0.0, 10.0))]))
+    overrides = dict(d_model=d, n_heads=draw(st.sampled_from(heads)), depth=depth, tied=draw(st.booleans()),
+                     rho=draw(st.sampled_from(RHOS)), ffn_hidden=draw(st.sampled_from([1, 4, 16])),
+                     learn_basis=draw(st.booleans()), layer="joint", ffn_weight=gamma,
+                     anchor_weight=10.0 ** draw(st.floats(-4.0, 1.3)),
+                     alpha_attention=draw(st.sampled_from([1.0, draw(st.floats(1e-3, 1.0))])),
+                     attention_norm=draw(st.sampled_from(["none", "length"])),
+                     metric=draw(st.sampled_from(["isotropic", "free"])),
+                     positions="rotary" if rotary else "none")
+    learned = None
+    if gamma > 0 and draw(st.booleans()):
+        overrides["learn_steps"] = True
+        learned = draw(st.floats(-8.0, 8.0)), draw(st.floats(-6.0, 3.0))
+    seed = draw(st.integers(0, 2**31 - 1))
+    w_scale, b_scale, log_scale = draw(st.floats(0.05, 3.0)), draw(st.floats(0.0, 3.0)), draw(st.floats(-2.0, 2.0))
+    torch.manual_seed(seed)
+    model = UnfoldedTransformer(ModelConfig.preset("certified", **overrides)).to(dtype)
+    with torch.no_grad():
+        for lay in model.layers:
+            lay.ffn.W1.normal_().mul_(w_scale / math.sqrt(lay.ffn.W1.shape[1]))
+            lay.ffn.b.uniform_(-1, 1).mul_(b_scale)
+            if hasattr(lay.attention, "log_scale"):
+                lay.attention.log_scale.add_(log_scale)
+            if lay.attention.basis is not None:
+                lay.attention.basis.parametrizations.weight.original.normal_()
+            if learned is not None:
+                lay.step_logit.fill_(learned[0]), lay.ffn_weight_raw.fill_(learned[1])
+    return model.eval()

@@ -33,4 +33,4 @@ def test_the_baseline_has_no_energy():
     with pytest.raises(ConfigError, match="no energy"):
         enc(x, safeguard=True)
     with pytest.raises(ConfigError, match="'standard' preset"):
-        StandardTransformer(small_config("certified"))
+        StandardTransformer(small_config("certified-alternating"))

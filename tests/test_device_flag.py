@@ -16,7 +16,7 @@ from unfoldformer.runs import check_device, resolve_device
 #: Each command that runs a model, with the arguments it needs to reach its checks.
 COMMANDS = {"train": ["--run.out_dir", "/nonexistent-never-written"], "evaluate": ["/nonexistent/run"],
             "predict": ["/nonexistent/run", "--text", "x"], "probe": ["--model", "minilm"], "demo": [],
-            "reproduce": ["--quick"], "rho-study": ["--quick"]}
+            "reproduce": ["--quick"], "rho-study": ["--quick"], "distill": ["--out", "/nonexistent-never-written"]}
 HAS_CUDA = torch.cuda.is_available()
 
 

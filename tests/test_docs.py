@@ -86,3 +86,26 @@ def test_site_builds_strictly(tmp_path):
     assert not missing, f"the API reference does not document {missing}"
     for page in ("index.html", "results/accuracy/index.html", "concepts/definitions/index.html", "theory/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
+    _check_api_signatures(api)
+    from unfoldformer.paper.settings import FIGURE_FILES  # the figures `unfoldformer reproduce` writes
+    page = (tmp_path / "site" / "results" / "reproduction" / "index.html").read_text(encoding="utf-8")
+    for name in FIGURE_FILES.values():
+        assert f'src="../../img/reproduction/{name}"' in page, name
+        assert (tmp_path / "site" / "img" / "reproduction" / name).stat().st_size > 10_000, name
+
+
+def _check_api_signatures(api: str) -> None:
+    """The entry points a user starts from appear with their rendered signatures (argument names) and an
+    example, read from the built HTML (tags stripped)."""
+    import html
+    import re
+    text = html.unescape(re.sub(r"<[^>]+>", "", api))
+    for name, args in (("CertifiedEncoderLayer", ("d_model", "nhead", "dim_feedforward", "layer")),
+                       ("CertifiedEncoder", ("encoder_layer", "num_layers", "tied")),
+                       ("UnfoldedTransformer", ("config", "layers")),
+                       ("train", ("cfg", "resume")), ("load", ("path", "data_dir", "max_length", "device"))):
+        calls = [m.group(1) for m in re.finditer(rf"\b{name}\s*\(([^)]*)\)", text)]
+        assert any(all(a in call for a in args) for call in calls), f"no signature of {name} with {args}: {calls}"
+    for anchor in ("unfoldformer.train.train", "unfoldformer.train.TrainConfig", "unfoldformer.inference.Prediction"):
+        assert f'id="{anchor}"' in api, anchor
+    assert "save_pretrained" in text and "from_pretrained" in text and text.count("Example") >= 5

@@ -14,7 +14,8 @@ from unfoldformer.layers import AnchoredAttention, MetricAttention, SymmetricFFN
 
 
 def small_layer(**kw) -> uf.CertifiedEncoderLayer:
-    return uf.CertifiedEncoderLayer(8, 2, 16, **kw)
+    """The alternating layer (most tests here check its sub-steps against the `certified-alternating` preset)."""
+    return uf.CertifiedEncoderLayer(8, 2, 16, **{"layer": "alternating", **kw})
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -22,7 +23,8 @@ def test_the_stack_is_the_unfolded_transformer_of_its_config(tied):
     torch.manual_seed(0)
     with default_dtype(D64):
         enc = uf.CertifiedEncoder(small_layer(), num_layers=4, tied=tied)
-        ref = uf.UnfoldedTransformer(ModelConfig.preset("certified", d_model=8, n_heads=2, ffn_hidden=16, depth=4,
+        ref = uf.UnfoldedTransformer(ModelConfig.preset("certified-alternating", d_model=8, n_heads=2, ffn_hidden=16,
+                                                        depth=4,
                                                         tied=tied))
     assert enc.config == ref.config
     ref.load_state_dict(enc.encoder.state_dict())
@@ -118,14 +120,13 @@ BAD = [
     (dict(basis_map="nope"), dict(basis_map="nope")),
     (dict(alpha=float("nan")), dict(alpha_attention=float("nan"))),
     (dict(learn_basis=1), dict(learn_basis=1)),
-    (dict(dropout=0.1), dict(dropout=0.1)),
 ]
 
 
 @pytest.mark.parametrize("layer_kw, config_kw", BAD)
 def test_every_argument_is_checked_with_the_config_message(layer_kw, config_kw):
     with pytest.raises(uf.ConfigError) as from_config:
-        ModelConfig.preset("certified", d_model=8, n_heads=2, ffn_hidden=16, depth=1, **config_kw)
+        ModelConfig.preset("certified-alternating", d_model=8, n_heads=2, ffn_hidden=16, depth=1, **config_kw)
     with pytest.raises(uf.ConfigError) as from_layer:
         small_layer(**layer_kw)
     assert str(from_layer.value) == str(from_config.value)
@@ -136,6 +137,21 @@ def test_every_argument_is_checked_with_the_config_message(layer_kw, config_kw):
 def test_sizes_are_checked(args, message):
     with pytest.raises(uf.ConfigError, match=message):
         uf.CertifiedEncoderLayer(*args)
+
+
+def test_the_default_layer_is_the_joint_certified_preset():
+    torch.manual_seed(0)
+    with default_dtype(D64):
+        enc = uf.CertifiedEncoder(uf.CertifiedEncoderLayer(8, 2, 16), num_layers=4)
+        ref = uf.UnfoldedTransformer(ModelConfig.preset("certified", d_model=8, n_heads=2, ffn_hidden=16, depth=4))
+    assert enc.config == ref.config and enc.config.layer == "joint" and enc.config.alpha_ffn is None
+    ref.load_state_dict(enc.encoder.state_dict())
+    x, pad = random_inputs(B=3, n=7, d=8)
+    out = enc(x, src_key_padding_mask=pad, return_energies=True)
+    assert torch.equal(out.hidden, ref(x, pad).hidden)
+    assert not rises(out.energies[:, :-1], out.energies[:, 1:]).any()   # joint: the curve never rises, unaided
+    with pytest.raises(uf.ConfigError, match="alpha_ffn does not apply"):
+        uf.CertifiedEncoderLayer(8, 2, 16, alpha_ffn=0.5)      # one step, one α
 
 
 def test_defaults_certify_and_uncertified_steps_need_certified_false():
@@ -151,8 +167,6 @@ def test_conventions_it_does_not_support_are_refused():
         layer(x, torch.zeros(3, 3, dtype=torch.bool))
     with pytest.raises(uf.ConfigError, match="is_causal"):
         uf.CertifiedEncoder(layer, 2)(x, is_causal=True)
-    with pytest.raises(uf.ConfigError, match="batch_first"):
-        small_layer(batch_first=False)
     for name in ("depth", "tied"):
         with pytest.raises(uf.ConfigError, match="CertifiedEncoder"):
             small_layer(**{name: 2})
@@ -165,7 +179,7 @@ def test_conventions_it_does_not_support_are_refused():
 @pytest.mark.parametrize("alpha", [5.0, -1.0])
 def test_layer_modules_refuse_uncertified_steps_with_the_config_message(alpha):
     with pytest.raises(uf.ConfigError) as from_config:
-        ModelConfig.preset("certified", d_model=8, n_heads=2, alpha_attention=alpha)
+        ModelConfig.preset("certified-alternating", d_model=8, n_heads=2, alpha_attention=alpha)
     with pytest.raises(uf.ConfigError) as from_module:
         AnchoredAttention(8, 2, "exp", 1.0, alpha, True)
     assert str(from_module.value) == str(from_config.value)

@@ -78,7 +78,7 @@ def test_functions_refuse_values_outside_their_contract(call, message):
 def test_the_config_and_the_step_give_one_message(field, value, step):
     """One checker (`contracts.check_step`): the config's message is the step's, with the field's name."""
     with pytest.raises(ConfigError) as from_config:
-        ModelConfig.preset("certified", **{field: value})
+        ModelConfig.preset("certified-alternating", **{field: value})
     with pytest.raises(ConfigError) as from_step:
         step(value)
     assert str(from_config.value) == str(from_step.value).replace("alpha=", f"{field}=", 1)
@@ -177,13 +177,13 @@ def test_empty_batches_through_the_energies_and_steps():
     assert E.attention_energy(Y0, F).shape == (0,) and E.attention_energy(Y0, F, "log").shape == (0,)
     assert S.attention_step(Y0, F).shape == (0, 5, 4) and S.attention_step(Y0, F, "log").shape == (0, 5, 4)
     assert S.tied_ffn_step(Y0, W1, B1, return_energy=True)[1].shape == (0,)
-    model = build_encoder(small_config("certified")).eval()
+    model = build_encoder(small_config("certified-alternating")).eval()
     out = model(torch.zeros(0, 5, 8), return_energies="steps", safeguard=True)
     assert out.layer_before.shape == out.attention_after.shape == out.step_scales.shape == (0, 4)
 
 
 @pytest.mark.parametrize("call", [
-    lambda: build_encoder(small_config("certified"))(torch.zeros(2, 5, 8, device="meta")),
+    lambda: build_encoder(small_config("certified-alternating"))(torch.zeros(2, 5, 8, device="meta")),
     lambda: build_encoder(small_config("standard"))(torch.zeros(2, 5, 8, device="meta")),
     lambda: S.attention_step(torch.zeros(2, 5, 4, device="meta", dtype=D64), F),
     lambda: E.attention_energy(torch.zeros(2, 5, 4, device="meta", dtype=D64), F),
@@ -205,7 +205,7 @@ def test_predictor_arguments_are_checked(args, message):
     with pytest.raises(TypeError) as exc:
         Predictor(*args)
     assert re.search(message, _one_line(exc))
-    encoder = build_encoder(small_config("certified"))
+    encoder = build_encoder(small_config("certified-alternating"))
     with pytest.raises(TypeError, match="Predictor needs the classifier's embeddings"):
         Predictor(SequenceClassifier(encoder, torch.randn(10, 8), 8), None, 8)
 

@@ -82,7 +82,7 @@ NEW_BLOCKS = {
                    _set(("accuracy",), 0.5)),
     "layer-health": ("docs/results/fit-study.md", "benchmarks/results/study/health/imdb-reduced.json",
                      _set(("runs", 0, "logit_std"), 0.123)),
-    "zoo": ("docs/guides/custom-model.md", "src/unfoldformer/zoo/sst2-certified-tied/card.json",
+    "zoo": ("docs/guides/custom-model.md", "src/unfoldformer/zoo/sst2-certified/card.json",
             _set(("subset", "correct"), 1)),
     "accuracy-targets": ("docs/results/accuracy.md", "benchmarks/results/speed/train_speed.json",
                          _scale(("step_times_s", "64", "certified-tied"), 10.0)),

@@ -76,11 +76,11 @@ def test_predict_command_prints_labels_probabilities_and_curves(run_dir, tmp_pat
 
 
 def test_predict_gives_a_joint_models_curve_that_never_rises(sst2_dir, tmp_path, capsys):
-    """A trained certified-joint model (THEORY §3.7): `predict` prints its curve, which never rises without the
+    """A trained certified model (THEORY §3.7): `predict` prints its curve, which never rises without the
     safeguard, and agrees with the model's own forward."""
     out = tmp_path / "joint"
     cfg = TrainConfig().with_overrides([*TINY_TRAIN, "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out),
-                                        "--model.kind", "certified-joint", "--model.ffn_hidden", "32"])
+                                        "--model.kind", "certified", "--model.ffn_hidden", "32"])
     train(cfg)
     texts = ["a good film , great", "bad and dull", "an utterly , utterly boring plot"]
     preds = uf.load(out)(texts)
@@ -107,22 +107,24 @@ def test_predict_on_a_missing_run_is_a_one_line_error(tmp_path, capsys):
     assert "no such weights file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["certified-tied", "paper", "standard"])
-def test_weights_written_by_version_0_1_0_load_and_predict_the_same(kind, tmp_path):
+@pytest.mark.parametrize("folder, kind", [("certified-tied", "certified-alternating"), ("paper", "paper"),
+                                          ("standard", "standard")])
+def test_weights_written_by_version_0_1_0_load_and_predict_the_same(folder, kind, tmp_path):
     """Files written by the code of version 0.1.0 (tests/fixtures/v0.1.0, with the logits it computed
-    on fixed ids): the weights load into today's model and give the same logits."""
+    on fixed ids): the weights load into today's model and give the same logits; the kind 0.1.0 called
+    `certified-tied` is read as the alternating layer it was."""
     with pytest.warns(UnverifiedFileWarning, match="without checksums"):   # 0.1.0 wrote none
-        state, cfg, info = load_weights(OLD / kind / "best.safetensors", trust_unverified=True)
+        state, cfg, info = load_weights(OLD / folder / "best.safetensors", trust_unverified=True)
     assert info["integrity"].startswith("unverified")
     cfg = cfg.replace(data__data_dir=str(tmp_path / "data"))
     shutil.copytree(OLD / "data", tmp_path / "data")
     with pytest.warns(UnverifiedFileWarning):
-        loaded = load_classifier(OLD / kind / "best.safetensors", data_dir=tmp_path / "data", trust_unverified=True)
+        loaded = load_classifier(OLD / folder / "best.safetensors", data_dir=tmp_path / "data", trust_unverified=True)
     assert loaded.info["integrity"].startswith("unverified")
-    expected = json.loads((OLD / kind / "expected_logits.json").read_text())
+    expected = json.loads((OLD / folder / "expected_logits.json").read_text())
     ids = torch.tensor(expected["ids"])
     with torch.no_grad():      # version 0.1.0 ran the certified preset's safeguard in eval mode
-        logits, _ = loaded.model(ids, ids == 0, safeguard=kind == "certified-tied")
+        logits, _ = loaded.model(ids, ids == 0, safeguard=kind == "certified-alternating")
     # the same float32 computation, possibly on another CPU: round-off of the logits' size
     want = torch.tensor(expected["logits"])
     assert (logits - want).abs().max() <= close_tol(torch.float32, 1 + want.abs().max())
@@ -134,5 +136,5 @@ def test_checkpoint_written_by_version_0_1_0_still_reads():
         state = load_train_state(OLD / "certified-tied" / "checkpoint.pt", trust_unverified=True)
     assert state["integrity"].startswith("unverified")
     cfg = TrainConfig.from_dict(state["config"])
-    assert cfg.model.kind == "certified-tied" and state["progress"]["finished"] is True
+    assert cfg.model.kind == "certified-alternating" and state["progress"]["finished"] is True
     assert cfg.model_config().depth == 2

@@ -132,7 +132,7 @@ def models(draw, dtype, d: int, metric: str | None = None, positions: str | None
     scale = 10.0 ** draw(st.floats(-1.5, 0.7))
     w_scale, b_scale = draw(st.floats(0.05, 3.0)), draw(st.floats(0.0, 3.0))
     torch.manual_seed(seed)
-    model = UnfoldedTransformer(ModelConfig.preset("certified", **overrides)).to(dtype)
+    model = UnfoldedTransformer(ModelConfig.preset("certified-alternating", **overrides)).to(dtype)
     with torch.no_grad():
         for lay in model.layers:
             lay.ffn.W1.normal_().mul_(w_scale / math.sqrt(lay.ffn.W1.shape[1]))
@@ -351,8 +351,8 @@ def test_an_isotropic_map_reproduces_the_isotropic_step(metric, layer):
     which shrinks the step c⁺ − c by a factor within [1/(1 + SAFETY), 1]: |Δ| ≤ SAFETY |c⁺ − c| + round-off."""
     torch.manual_seed(3)
     common = dict(d_model=16, n_heads=4, depth=1, ffn_hidden=32, layer=layer)
-    iso = UnfoldedTransformer(ModelConfig.preset("certified-joint", **common)).double().eval()
-    other = UnfoldedTransformer(ModelConfig.preset("certified-joint", metric=metric, **common)).double().eval()
+    iso = UnfoldedTransformer(ModelConfig.preset("certified", **common)).double().eval()
+    other = UnfoldedTransformer(ModelConfig.preset("certified", metric=metric, **common)).double().eval()
     with torch.no_grad():
         iso.layers[0].attention.log_scale.uniform_(-1, 0.5)
         s = iso.layers[0].attention.log_scale.exp()
@@ -378,20 +378,20 @@ def test_rotary_with_one_token_is_position_free():
     torch.manual_seed(4)
     for metric in ("isotropic", "free"):
         cfg = dict(d_model=16, n_heads=4, depth=2, ffn_hidden=32, metric=metric)
-        rot = UnfoldedTransformer(ModelConfig.preset("certified-joint", positions="rotary", **cfg)).eval()
-        plain = UnfoldedTransformer(ModelConfig.preset("certified-joint", **cfg)).eval()
+        rot = UnfoldedTransformer(ModelConfig.preset("certified", positions="rotary", **cfg)).eval()
+        plain = UnfoldedTransformer(ModelConfig.preset("certified", **cfg)).eval()
         plain.load_state_dict(rot.state_dict())
         X = torch.randn(2, 1, 16)
         with torch.no_grad():
             assert torch.equal(rot(X).hidden, plain(X).hidden)
 
 
-@pytest.mark.parametrize("kind", ["certified-joint", "certified", "standard"])
+@pytest.mark.parametrize("kind", ["certified", "certified", "standard"])
 def test_padding_does_not_change_real_tokens(kind):
     """Positions are absolute indices and the library pads on the right: appending padded tokens (any values)
     leaves every real token's output unchanged (rotary, all three layer kinds), up to the chunking of sums."""
     torch.manual_seed(5)
-    cfg = ModelConfig.preset("certified" if kind == "certified" else kind, d_model=16, n_heads=4, depth=2,
+    cfg = ModelConfig.preset("certified-alternating" if kind == "certified" else kind, d_model=16, n_heads=4, depth=2,
                              ffn_hidden=32, positions="rotary",
                              **({"metric": "free"} if kind != "standard" else {}))
     model = (StandardTransformer(cfg) if kind == "standard" else UnfoldedTransformer(cfg)).double().eval()
@@ -429,16 +429,16 @@ def test_position_and_metric_fields_are_checked():
     with pytest.raises(ConfigError, match="rotary positions apply"):
         ModelConfig.preset("crate", positions="rotary")
     with pytest.raises(ConfigError, match="even head width"):
-        ModelConfig.preset("certified-joint", d_model=12, n_heads=4, positions="rotary")
+        ModelConfig.preset("certified", d_model=12, n_heads=4, positions="rotary")
     with pytest.raises(ConfigError, match="max_positions does not apply"):
         ModelConfig.preset("standard", positions="sinusoidal", max_positions=64)
     with pytest.raises(ConfigError, match="metric"):
-        ModelConfig.preset("certified-joint", metric="cholesky")
+        ModelConfig.preset("certified", metric="cholesky")
     with pytest.raises(ConfigError, match="metric does not apply"):
         ModelConfig.preset("standard", metric="free")
     assert ModelConfig.preset("energy-transformer", positions="learned").max_positions == 512
     with pytest.raises(ValueError, match="rotated stack|rotated.py"):
-        lay = UnfoldedTransformer(ModelConfig.preset("certified-joint", d_model=8, n_heads=2,
+        lay = UnfoldedTransformer(ModelConfig.preset("certified", d_model=8, n_heads=2,
                                                      metric="free")).layers[0]
         lay(torch.randn(1, 3, 8), torch.randn(1, 3, 8), None)
 
@@ -450,7 +450,7 @@ def test_absolute_positions_are_added_to_the_encoders_input(kind):
     learned table and receives a gradient); sequences longer than a learned table are refused."""
     from unfoldformer.classifier import SequenceClassifier, build_encoder
     torch.manual_seed(7)
-    cfg = ModelConfig.preset("certified-joint", d_model=8, n_heads=2, depth=1, ffn_hidden=8, positions=kind,
+    cfg = ModelConfig.preset("certified", d_model=8, n_heads=2, depth=1, ffn_hidden=8, positions=kind,
                              **({"max_positions": 6} if kind == "learned" else {}))
     clf = SequenceClassifier(build_encoder(cfg), torch.randn(20, 8), 8, project=False).double()
     ids = torch.randint(1, 20, (2, 5))

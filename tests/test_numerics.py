@@ -156,7 +156,7 @@ def _certified(seed: int, dtype: torch.dtype, heads: int, learn_basis: bool, dep
                tied: bool = True, alpha_ffn: float = 1.0) -> UnfoldedTransformer:
     """A certified model (d = 8) with strong FFNs (W1 × 3, b ~ N(0, 0.3)) in `dtype`."""
     torch.manual_seed(seed)
-    cfg = ModelConfig.preset("certified", d_model=8, n_heads=heads, depth=depth, ffn_hidden=16,
+    cfg = ModelConfig.preset("certified-alternating", d_model=8, n_heads=heads, depth=depth, ffn_hidden=16,
                              learn_basis=learn_basis, anchor_weight=0.5, tied=tied, alpha_ffn=alpha_ffn)
     model = UnfoldedTransformer(cfg).to(dtype)
     with torch.no_grad():

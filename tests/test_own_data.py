@@ -312,11 +312,11 @@ def test_resume_extends_a_finished_run_like_a_straight_run(tmp_path):
 
 
 def test_print_config_shows_resolved_model_fields(capsys):
-    assert main(["train", "--print-config", "--model.kind", "certified-untied", "--device", "cpu"]) == 0
+    assert main(["train", "--print-config", "--model.kind", "certified-alternating-untied", "--device", "cpu"]) == 0
     printed = json.loads(capsys.readouterr().out)
     model = printed["model"]
     assert None not in model.values() and model["n_classes"] == 2 and model["depth"] >= 1
-    assert model["d_model"] == TrainConfig().replace(model__kind="certified-untied").model_config().d_model
+    assert model["d_model"] == TrainConfig().replace(model__kind="certified-alternating-untied").model_config().d_model
     assert printed["run"]["device"] == "cpu"
 
 
@@ -327,7 +327,8 @@ def test_energies_per_token_divide_by_real_tokens():
     from unfoldformer.config import ModelConfig
     from unfoldformer.model import UnfoldedTransformer
     torch.manual_seed(0)
-    model = UnfoldedTransformer(ModelConfig.preset("certified", d_model=8, n_heads=2, depth=2, ffn_hidden=16))
+    model = UnfoldedTransformer(ModelConfig.preset("certified-alternating", d_model=8, n_heads=2, depth=2,
+                                                   ffn_hidden=16))
     x = torch.randn(3, 5, 8)                                       # (B, n, d)
     pad = torch.zeros(3, 5, dtype=torch.bool)
     pad[1, 1:] = True                                              # n = 1 (all but one padding)

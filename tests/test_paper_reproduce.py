@@ -99,7 +99,7 @@ def test_certified_model_never_rises_without_the_safeguard(tiny):
     result, _, trained = tiny
     c = result.curves["certified/trained"]
     s = fig56.curve_summary(c, result.tolerance)
-    assert next(v for v in trained if v.spec.key == "certified/trained").spec.kind == "certified-joint"
+    assert next(v for v in trained if v.spec.key == "certified/trained").spec.kind == "certified"
     assert not c.safeguard and s["share_monotone"] == 1.0 and s["rising_layer_steps"] == 0
     assert np.all(c.step_scales == 1)
 
@@ -390,7 +390,7 @@ def test_quick_reproduction_end_to_end(tmp_path, data_dir):
     assert results["data_files"] == records                   # path, size and sha256 of what was read
     assert all(f"{r['bytes']:,}" in report and r["sha256"] in report for r in records)
     assert len(verdict_rows(results)) == 3 + 2 * 8
-    certified_rows = [r for r in verdict_rows(results) if "certified-joint model, no safeguard" in r[0]]
+    certified_rows = [r for r in verdict_rows(results) if "certified model, no safeguard" in r[0]]
     assert len(certified_rows) == 2 and all(r[1].startswith("yes") for r in certified_rows), certified_rows
     for name in ("imdb", "sst2"):
         curves = results["energy_curves"][name]["curves"]

@@ -18,8 +18,10 @@ def _quick_start() -> str:
 def test_readme_train_command_is_a_valid_config():
     line = next(l for l in _quick_start().splitlines() if l.startswith("unfoldformer train "))
     cfg = TrainConfig().with_overrides(shlex.split(line)[2:])
-    assert (cfg.model.kind, cfg.data.dataset, cfg.optim.lr, cfg.run.out_dir) == ("certified-tied", "sst2", 3e-3,
-                                                                                 "runs/sst2")
+    assert (cfg.model.kind, cfg.data.dataset, cfg.run.out_dir) == ("certified", "sst2", "runs/sst2")
+    assert cfg.model_config().layer == "joint" and cfg.model_config().tied      # the recommended joint layer
+    commands = re.search(r"```bash\n(.*?)```", _quick_start(), re.S).group(1)
+    assert "--safeguard" not in commands                                         # its curves never rise unaided
 
 
 def test_readme_quickstart_runs_as_written(sst2_dir, tmp_path, monkeypatch):

@@ -79,7 +79,7 @@ def test_registered_custom_rho_is_nameable_in_model_configs(registry):
 
     sqrt = custom_rho(lambda z: torch.sqrt(z + 1.0), name="sqrt")
     assert register_rho(sqrt) == "sqrt" and get_rho("sqrt") is sqrt
-    cfg = ModelConfig.preset("certified", d_model=8, n_heads=2, depth=2, ffn_hidden=8, rho="sqrt")
+    cfg = ModelConfig.preset("certified-alternating", d_model=8, n_heads=2, depth=2, ffn_hidden=8, rho="sqrt")
     model = UnfoldedTransformer(cfg).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     out = model(x, return_energies=True)

@@ -197,7 +197,7 @@ def test_quick_study_writes_everything_repeatably_and_reads_result_files(tmp_pat
     src = res["datasets"]["sst2"]["sources"]
     assert "missing" not in src["trained-tied"]["sqrt"] and src["trained-tied"]["sqrt"]["accuracy"] == 0.625
     assert "not run yet" in src["trained-tied"]["exp"]["missing"]
-    assert res["accuracy"]["sqrt"]["sst2"]["certified-tied"]["accuracy"] == 0.625
+    assert res["accuracy"]["sqrt"]["sst2"]["certified-alternating"]["accuracy"] == 0.625
     text = (full / "rho_study.md").read_text()
     assert "Missing rows" in text and "sst2 trained-untied ρ = sqrt: not run yet" in text
 

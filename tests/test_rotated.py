@@ -20,7 +20,7 @@ from unfoldformer.softmax import logit_error_bound
 def _model(seed: int, **overrides) -> UnfoldedTransformer:
     """A float64 certified model (d = 8, 2 heads, depth 3) with every parameter moved off its init."""
     torch.manual_seed(seed)
-    model = UnfoldedTransformer(small_config("certified", depth=3, **overrides)).double()
+    model = UnfoldedTransformer(small_config("certified-alternating", depth=3, **overrides)).double()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -113,10 +113,11 @@ def test_padded_rows_never_feed_real_rows(pad_value, tied):
 
 
 def test_rotated_stack_runs_the_certified_layers_only():
-    assert all(runs_rotated(layer) for layer in UnfoldedTransformer(small_config("certified")).layers)
+    assert all(runs_rotated(layer) for layer in UnfoldedTransformer(small_config("certified-alternating")).layers)
     for name in ("paper", "paper-as-released"):
         assert not any(runs_rotated(layer) for layer in UnfoldedTransformer(small_config(name)).layers)
-    symmetric = UnfoldedTransformer(small_config("certified", ffn="symmetric", ffn_hidden=None, alpha_ffn=0.5))
+    symmetric = UnfoldedTransformer(small_config("certified-alternating", ffn="symmetric", ffn_hidden=None,
+                                                 alpha_ffn=0.5))
     assert not runs_rotated(symmetric.layers[0])
 
 
@@ -211,7 +212,7 @@ def test_float32_energies_agree_with_the_float64_reference_and_give_the_same_des
     rises, steps, used = 0, 0, 0.0
     for seed in range(4):
         torch.manual_seed(seed)
-        model = UnfoldedTransformer(small_config("certified", d_model=32, n_heads=4, ffn_hidden=64, depth=5,
+        model = UnfoldedTransformer(small_config("certified-alternating", d_model=32, n_heads=4, ffn_hidden=64, depth=5,
                                                  tied=tied, anchor_weight=0.2))
         with torch.no_grad():
             for layer in model.layers:                               # strong FFNs: some layers rise
@@ -265,7 +266,7 @@ def test_evaluation_reuses_the_frames_until_a_parameter_changes(tied):
     then equals a freshly built model with the same parameters, bit for bit."""
     from unfoldformer.config import ModelConfig
     torch.manual_seed(0)
-    cfg = ModelConfig.preset("certified", d_model=8, n_heads=2, depth=3, ffn_hidden=16, tied=tied)
+    cfg = ModelConfig.preset("certified-alternating", d_model=8, n_heads=2, depth=3, ffn_hidden=16, tied=tied)
     model = UnfoldedTransformer(cfg).eval()
     x = torch.randn(2, 5, 8)
 
@@ -298,7 +299,8 @@ def test_untied_layers_pass_the_state_on_in_the_next_basis_and_the_safeguard_kee
     way the state is Y⁺ in the next basis (float64: equal to the turned state to round-off), plain, traced and
     safeguarded forwards that accept every full step return the same hidden states to the bit."""
     torch.manual_seed(0)
-    model = UnfoldedTransformer(small_config("certified", d_model=16, n_heads=4, ffn_hidden=32, depth=4, tied=False,
+    model = UnfoldedTransformer(small_config("certified-alternating", d_model=16, n_heads=4, ffn_hidden=32, depth=4,
+                                             tied=False,
                                              alpha_ffn=alpha_ffn)).eval()
     with torch.no_grad():
         for p in model.parameters():                                 # bases off the identity

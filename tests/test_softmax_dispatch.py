@@ -27,22 +27,28 @@ def test_cuda_path_follows_the_mem_efficient_switch():
         torch.backends.cuda.enable_mem_efficient_sdp(enabled)
 
 
-def _emulated_efficient(q, k, v, bias):
+def _causal_bias(c, n, causal):
+    return torch.zeros(c, n).masked_fill(torch.ones(c, n, dtype=torch.bool).triu(1), float("-inf")) if causal else 0
+
+
+def _emulated_efficient(q, k, v, bias, causal=False):
     """The kernel's contract: widths and bias rows aligned, log-sum-exp with the query axis padded to 32."""
     assert q.shape[-1] % SM._ALIGN == 0 and v.shape[-1] % SM._ALIGN == 0
     if bias is not None:
         assert bias.shape == (*q.shape[:3], k.shape[2]) and bias.stride(-2) % SM._ALIGN == 0
     logits = q @ k.transpose(-1, -2) + (0 if bias is None else bias)      # (B, H, c, n)
+    logits = logits + _causal_bias(q.shape[2], k.shape[2], causal)
     lse = torch.logsumexp(logits, -1)                                     # (B, H, c)
     c = q.shape[2]
     padded = torch.cat([lse, lse.new_full((*lse.shape[:2], -c % 32), float("inf"))], -1)
     return torch.softmax(logits, -1) @ v, padded, torch.tensor(0), torch.tensor(0)
 
 
-def _emulated_backward(g, q, k, v, bias, out, lse, seed, offset):
+def _emulated_backward(g, q, k, v, bias, out, lse, seed, offset, causal=False):
     """dS = P ∘ (g vᵀ − D), D_i = g_i·out_i (the kernel's backward), from the saved log-sum-exp."""
     c = q.shape[2]
-    P = torch.exp(q @ k.transpose(-1, -2) + (0 if bias is None else bias) - lse[..., :c, None])   # (B, H, c, n)
+    logits = q @ k.transpose(-1, -2) + (0 if bias is None else bias) + _causal_bias(c, k.shape[2], causal)
+    P = torch.exp(logits - lse[..., :c, None])                     # (B, H, c, n)
     dS = P * (g @ v.transpose(-1, -2) - (g * out).sum(-1, keepdim=True))
     return dS @ k, dS.transpose(-1, -2) @ q, P.transpose(-1, -2) @ g, None
 

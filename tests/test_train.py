@@ -168,8 +168,11 @@ def test_a_few_steps_lower_the_loss(kind, sst2_dir, tmp_path):
 # ----------------------------------------------------------------------------- runs
 @pytest.fixture(scope="module")
 def trained_run(sst2_dir, tmp_path_factory):
+    # the alternating layer: the tiny recipe (d = 16, 2 epochs) and its ≥ 0.7 accuracy bar were set on it;
+    # the default joint layer is trained by test_readme / test_inference
     out = tmp_path_factory.mktemp("run") / "certified"
-    cfg = tiny_config(sst2_dir, out, "--optim.epochs", "2", "--run.checkpoint_every", "10")
+    cfg = tiny_config(sst2_dir, out, "--optim.epochs", "2", "--run.checkpoint_every", "10",
+                      "--model.kind", "certified-alternating")
     return cfg, train(cfg)
 
 

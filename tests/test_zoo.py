@@ -14,14 +14,23 @@ from unfoldformer.cli import main
 from unfoldformer.data import load_dataset
 from unfoldformer.data.batching import seeded_subset
 from unfoldformer.train.checkpoint import table_sha256
-from unfoldformer.zoo import ZOO_DIR, card, names
+from unfoldformer.zoo import REMOVED_MODELS, ZOO_DIR, card, names
 
-SHIPPED = {"model.safetensors", "config.json", "card.json", "card.md"}
+SHIPPED = {"model.safetensors", "config.json", "README.md", "complete.json", "card.json", "card.md"}
 
 
-def test_the_zoo_has_a_certified_model_for_sst2_and_for_imdb():
-    datasets = {card(name)["data"]["dataset"] for name in names()}
-    assert len(names()) >= 2 and {"sst2", "imdb"} <= datasets
+def test_the_zoo_has_a_joint_certified_model_for_sst2_and_for_imdb():
+    """'certified' is the joint layer (0.3.0): the zoo ships it, each model loading as that layer."""
+    joint = {card(name)["data"]["dataset"] for name in names() if uf.load(name).model.encoder.config.layer == "joint"}
+    assert {"sst2", "imdb"} <= joint
+
+
+@pytest.mark.parametrize("old", sorted(REMOVED_MODELS))
+def test_a_removed_zoo_models_name_is_refused_in_one_line_naming_its_replacement(old):
+    assert old not in names() and REMOVED_MODELS[old] in names()
+    with pytest.raises(uf.ConfigError) as err:
+        uf.load(old)
+    assert repr(REMOVED_MODELS[old]) in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("name", names())
@@ -87,3 +96,18 @@ def test_each_model_reproduces_its_cards_count_of_correct_predictions(name, data
     with torch.inference_mode():
         preds = uf.load(name)([e.text for e in subset], energies=False)
     assert sum(p.label == e.label for p, e in zip(preds, subset)) == s["correct"]
+
+
+@pytest.mark.parametrize("name", names())
+def test_each_models_kind_is_read_with_the_names_of_the_version_that_wrote_it(name):
+    """A card records the kind under the names of the version that built it; before 0.3.0 `certified-tied`
+    was the alternating layer, and the model must still load as that layer."""
+    from unfoldformer.names import KINDS_BEFORE_0_3, NAMES_VERSION
+    c = card(name)
+    kind = c["model"]["kind"]
+    if tuple(int(v) for v in c["library_version"].split(".")[:3]) < NAMES_VERSION:
+        kind = KINDS_BEFORE_0_3.get(kind, kind)
+    predictor = uf.load(name)
+    assert predictor.config.model.kind == kind
+    joint = kind in ("certified", "certified-untied")
+    assert predictor.model.encoder.config.layer == ("joint" if joint else "alternating")

@@ -9,7 +9,8 @@ Implements Yang, Huang, Wipf (NeurIPS 2022), "Transformers from an Optimization 
 
 The core is at the root: the ρ family (`rho`), energies (`energy`), descent steps (`steps`),
 layers (`layers`), the model and its config (`model`, `config`), a certified layer for your own
-model (`encoder`: `CertifiedEncoderLayer`, `CertifiedEncoder`), saving and sharing models
+model (`encoder`: `CertifiedEncoderLayer`, `CertifiedEncoder`; `decoder`: the causal `CertifiedDecoderLayer`,
+`CertifiedDecoder`, THEORY §3.11), saving and sharing models
 (`hub`: `save_pretrained` / `from_pretrained`), descent tolerances
 (`descent`), the baseline (`baselines`), the classifier (`classifier`), the paper's released
 formulas (`released`) and loading a trained classifier (`inference`; trained ones ship in `zoo`). Applications are
@@ -29,8 +30,10 @@ if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .baselines import StandardTransformer  # noqa: E402
+from .causal import DecoderOutput  # noqa: E402
 from .classifier import SequenceClassifier, build_encoder  # noqa: E402
 from .config import PRESETS, ModelConfig  # noqa: E402
+from .decoder import CertifiedDecoder, CertifiedDecoderLayer  # noqa: E402
 from .descent import descent_tolerance  # noqa: E402
 from .encoder import CertifiedEncoder, CertifiedEncoderLayer  # noqa: E402
 from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_ffn_energy  # noqa: E402
@@ -41,13 +44,13 @@ from .model import EncoderOutput, UnfoldedTransformer  # noqa: E402
 from .peers import Crate, EnergyTransformer  # noqa: E402
 from .rho import Rho, check_rho, custom_rho, get_rho, register_rho  # noqa: E402
 from .steps import anchored_attention_step, attention_step, symmetric_ffn_step, tied_ffn_step  # noqa: E402
-
-__version__ = "0.2.0"
+from .version import __version__ as __version__  # noqa: E402 (re-exported)
 
 __all__ = [
     "ConfigError", "Crate", "EncoderOutput", "EnergyTransformer", "ModelConfig", "PRESETS", "Predictor", "Rho",
     "SequenceClassifier",
-    "CertifiedEncoder", "CertifiedEncoderLayer", "PretrainedError", "from_pretrained",
+    "CertifiedDecoder", "CertifiedDecoderLayer", "CertifiedEncoder", "CertifiedEncoderLayer", "DecoderOutput",
+    "PretrainedError", "from_pretrained",
     "StandardTransformer", "UnfoldedTransformer", "UnfoldformerError", "anchor_energy", "anchored_attention_step",
     "attention_energy", "attention_step", "build_encoder", "check_rho", "custom_rho", "descent_tolerance",
     "get_rho", "load", "register_rho", "symmetric_ffn_energy", "symmetric_ffn_step", "tied_ffn_energy", "tied_ffn_step",

@@ -15,9 +15,9 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .energy import check_dtype, check_states
 from .errors import ConfigError
-from .hub import PretrainedMixin
 from .model import EncoderOutput
 from .positions import rope_tables, rotate_heads
+from .pretrained import PretrainedMixin
 
 __all__ = ["RotaryEncoderLayer", "StandardTransformer"]
 

@@ -8,18 +8,11 @@ import torch
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .hub import _CLASSES, PretrainedError, PretrainedMixin
+from .model import masked_mean
 from .positions import AbsolutePositions
+from .pretrained import PretrainedError, PretrainedMixin, model_class
 
 __all__ = ["SequenceClassifier", "build_encoder", "masked_mean"]
-
-
-def masked_mean(hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
-    """Mean over real tokens: (B, n, d) -> (B, d); `padding_mask` True marks padding."""
-    if padding_mask is None:
-        return hidden.mean(dim=1)
-    w = (~padding_mask).to(hidden.dtype)[..., None]               # (B, n, 1)
-    return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
 
 
 def build_encoder(config: ModelConfig) -> nn.Module:
@@ -85,7 +78,7 @@ class SequenceClassifier(PretrainedMixin, nn.Module):
 
     @classmethod
     def _from_pretrained_init(cls, init: dict) -> SequenceClassifier:
-        encoder_cls = _CLASSES.get(init["encoder"]["class"])
+        encoder_cls = model_class(init["encoder"]["class"])
         if encoder_cls is None:
             raise PretrainedError(f"unknown encoder class {init['encoder']['class']!r}")
         table = torch.zeros(init["vocab_size"], init["embedding_dim"])      # (V, e): values from the weights

@@ -9,8 +9,9 @@ certified configs also refuse step sizes outside the range their theorem certifi
 
 | preset              | attention (THEORY)        | FFN                    | notes                              |
 |---------------------|---------------------------|------------------------|------------------------------------|
-| `certified`         | anchored, learned basis §3.3 | tied W2 = W1ᵀ (F2) §3.4 | multi-head, descent certified      |
-| `certified-joint`   | anchored + tied FFN in one MM step §3.7 | (joint)     | whole-layer descent certified      |
+| `certified`         | anchored + tied FFN, one MM step §3.7 | (joint)    | the default; whole-layer descent    |
+| `certified-alternating` | anchored §3.3          | tied W2 = W1ᵀ §3.4     | two sub-steps; layers: safeguard   |
+| `certified-causal`  | the joint step, causal §3.11 | (joint, causal) | every token's conditional energy (decoder) |
 | `paper`             | metric AᵀA, one head §3.1 | symmetric W_F (F1) §3.4 | the paper's model, theory-consistent |
 | `paper-as-released` | released formulas §7.1    | released               | defects included, not certified    |
 | `standard`          | pre-LN softmax attention  | GELU MLP               | the `nn.TransformerEncoder` baseline |
@@ -25,7 +26,8 @@ lowers its whole-layer energy by construction, so it never needs the safeguard. 
 certified ranges for every θ, φ.
 `attention_norm="length"` weights the attention term by 1/n (n = the sample's real tokens:
 ν_h = λ s_h²/n), for either layer kind; every guarantee holds unchanged. `ffn_bound="spectral"` keeps
-the tied FFN's ‖W1‖₂ ≤ 1 (W1 = V / max(1, ‖V‖₂), `layers.SpectralCap`), so that E_H ≥ −‖Y‖‖b‖ − ½‖b‖²
+the tied FFN's ‖W1‖₂ ≤ 1 (W1 = V / max(1, ‖V‖₂), `layers.SpectralCap`;
+this bounds τ = max_{‖v‖=1} ‖ReLU(vW1)‖ ≤ ‖W1‖₂, which decides boundedness), so that E_H ≥ −‖Y‖‖b‖ − ½‖b‖²
 and the layer energy has a minimum instead of falling towards −∞ along directions W1 stretches.
 
 Positions (THEORY §3.9, `positions.py`), any encoder: `positions="learned"` (a table of `max_positions`
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 from .contracts import check_positive, check_step
 from .errors import ConfigError
 from .metrics import METRICS  # anchored attention's per-head map A_h (§3.8)
+from .names import current_preset, legacy_preset  # the 0.3.0 renames (`names.py`)
 from .positions import POSITIONS  # §3.9; absolute ones are added to the input
 from .rho import RHO_FAMILY, get_rho
 
@@ -87,7 +90,7 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
                 ffn_weight=1.0, attention_norm="none", ffn_bound="none",
-                positions="none", max_positions=512, metric="isotropic", learn_steps=False)
+                positions="none", max_positions=512, metric="isotropic", learn_steps=False, causal=False)
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -97,15 +100,22 @@ _LEGACY_PEER_FIELDS = {"energy-transformer": ("self_pair", False), "crate": ("re
 PEER_ATTENTIONS = ("energy-transformer", "crate")
 
 PRESETS: dict[str, dict] = {
-    # Certified multi-head anchored attention + tied FFN; certified step sizes.
-    "certified": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied", rho="exp",
-                      ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, alpha_ffn=1.0, learn_basis=True,
-                      certified=True),
     # The joint MM layer (THEORY §3.7): anchored attention and the tied FFN in one step from one state,
     # γ = λ (the alternating layer's energy), attention weighted by 1/n (the prototype's better IMDB fit).
-    "certified-joint": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
-                            rho="exp", ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, learn_basis=True,
-                            layer="joint", ffn_weight=1.0, attention_norm="length", certified=True),
+    # Whole-layer descent by construction; the recommended certified model.
+    "certified": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
+                      rho="exp", ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, learn_basis=True,
+                      layer="joint", ffn_weight=1.0, attention_norm="length", certified=True),
+    # The alternating layer: anchored attention, then the tied FFN, two certified sub-steps (the paper's
+    # layer shape); each sub-step lowers its own energy, the whole layer only with the run-time safeguard.
+    "certified-alternating": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
+                                  rho="exp", ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, alpha_ffn=1.0,
+                                  learn_basis=True, certified=True),
+    # The causal joint layer (THEORY §3.11): each token's conditional energy given the layer's input, lowered by one
+    # MM step per token (a decoder); attention weighted by 1/m_i, m_i = the real tokens j ≤ i.
+    "certified-causal": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
+                             rho="exp", ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, learn_basis=True,
+                             layer="joint", ffn_weight=1.0, attention_norm="length", causal=True, certified=True),
     # The paper's model made theory-consistent: one PSD metric AᵀA for energy and attention,
     # key-norm bias, value = identity, one head, F1 with spectrum clipped to ±0.95, α = η = 1.
     "paper": dict(d_model=300, n_heads=1, depth=12, tied=True, attention="metric", ffn="symmetric", rho="exp",
@@ -134,6 +144,24 @@ class ModelConfig:
 
     Build one with `ModelConfig.preset(name, **overrides)` (resolved) or `ModelConfig(preset_name=…,
     **overrides)` (resolved by the model). `None` = the preset's value, or "not used by this model".
+    Presets: `certified` (the default: the joint layer, THEORY §3.7), `certified-alternating`, `paper`,
+    `paper-as-released`, `standard`, `energy-transformer`, `crate` (`PRESETS`).
+
+    Main fields: `d_model` (width d), `n_heads` (h, divides d), `depth` (T), `tied` (one layer applied T
+    times: one energy; False: T layers, one energy each), `rho` (attention penalty: exp, log, linear, lp,
+    truncated), `anchor_weight` (λ), `alpha_attention` (α), `ffn_hidden` (m), `layer` (joint |
+    alternating), `ffn_weight` (γ of the joint layer), `alpha_ffn` (the alternating layer's FFN step),
+    `attention_norm` (none | length), `positions`, `metric`, `learn_steps`, `certified` (refuse step
+    sizes outside the certified ranges). Each field's comment in the source says what it does.
+
+    Example:
+        >>> import unfoldformer as uf
+        >>> cfg = uf.ModelConfig.preset("certified", d_model=64, depth=4)
+        >>> cfg.layer, cfg.tied, cfg.alpha_attention
+        ('joint', True, 1.0)
+        >>> uf.ModelConfig.preset("certified", alpha_attention=1.5)   # outside the certified range
+        Traceback (most recent call last):
+        unfoldformer.errors.ConfigError: ...
     """
 
     preset_name: str = "certified"   # the preset whose values fill the fields left None
@@ -168,8 +196,10 @@ class ModelConfig:
     max_positions: int | None = None      # learned positions only: rows of the table (longest sequence)
     metric: str | None = None             # anchored: isotropic (s_h I) | diagonal | free per-head map A_h (§3.8)
     learn_steps: bool | None = None       # joint layer only: learned α ∈ (0, alpha_attention], γ > 0 per layer
+    causal: bool | None = None            # joint layer only: token i sees j ≤ i, one MM step per token (§3.11)
 
     def __post_init__(self) -> None:
+        self.preset_name = current_preset(self.preset_name)     # an old name given now: warn, map
         _check_types(self)
 
     # --- construction
@@ -222,15 +252,14 @@ class ModelConfig:
     def from_dict(cls, data: dict) -> ModelConfig:
         """A config from `to_dict()` output. Dicts written by version 0.1.0 (every field filled, with
         `safeguard` keys) are read too: their run-time safeguard keys and the fields their model does
-        not use are dropped."""
-        data = dict(data)
+        not use are dropped. Saved dicts of versions before 0.3.0 keep their meaning (`legacy_preset`)."""
+        data = legacy_preset(dict(data))
         if "safeguard" in data:                                   # version 0.1.0
             data.pop("safeguard"), data.pop("safeguard_halvings", None)
-            base = PRESETS.get(data.get("preset_name") or "certified", PRESETS["certified"])
+            base = PRESETS[data["preset_name"]]
             used = _used_fields(data.get("attention") or base["attention"], data.get("ffn") or base["ffn"],
                                 "alternating")
             data = {k: v for k, v in data.items() if k in used or k not in _architecture_fields()}
-            data["preset_name"] = data.get("preset_name") or "certified"
         data = upgrade_peer_fields(data)
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -290,6 +319,9 @@ class ModelConfig:
                 raise ConfigError("rotary anchored attention runs with the tied FFN or none")
         if self.metric is not None and self.metric not in METRICS:
             raise ConfigError(f"metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if self.causal and self.metric != "isotropic":
+            raise ConfigError(f"causal=True runs isotropic heads only (s_h I); metric={self.metric!r} has no causal "
+                              "path yet")
         if self.metric not in (None, "isotropic") and self.ffn not in ("tied", "none"):
             raise ConfigError(f"metric={self.metric!r} runs with the tied FFN or none")
         if self.ffn_weight is not None and not self.ffn_weight >= 0:
@@ -347,7 +379,7 @@ def _used_fields(attention: str, ffn: str, layer: str, positions: str = "none") 
     if attention == "anchored" and ffn == "tied":
         used.add("layer")
         if layer == "joint":          # one step of size alpha_attention; γ weights the FFN term
-            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps"}
+            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps", "causal"}
     return used
 
 

@@ -8,20 +8,29 @@
 - `check_seed(name, seed)`: an integer in [0, 2³² − 1] (what numpy and torch accept).
 - `check_path_given(name, path)`: a path option that is not the empty string (`Path("")` is the
   working directory, so an empty path would silently mean "here").
+- `check_at_least`, `check_device` / `resolve_device`, `check_output_location`: settings checked
+  before any data is read, each error naming the setting (an output location by creating and
+  removing a probe file). The commands, the training config and `uf.load` share them.
 - `NonFiniteResultError` and `first_non_finite` / `require_finite`: a NaN or ±inf loss, probability
   or energy is refused, naming the sample and the quantity, never reported as a result.
 """
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Iterator
 from numbers import Real
+from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, UnfoldformerError
+import numpy as np
 
-__all__ = ["CERTIFIED_STEPS", "NonFiniteResultError", "certified_step_range", "check_in_range", "check_path_given",
-           "check_positive", "check_seed", "check_step", "first_non_finite", "first_non_finite_row", "require_finite"]
+from .errors import ConfigError, OutputError, UnfoldformerError
+
+__all__ = ["CERTIFIED_STEPS", "NonFiniteResultError", "certified_step_range", "check_at_least", "check_device",
+           "check_in_range", "check_output_location", "check_path_given", "check_positive", "check_seed", "check_step",
+           "first_non_finite", "first_non_finite_row", "require_finite", "resolve_device"]
 
 SEED_MAX = 2**32 - 1
 
@@ -152,3 +161,84 @@ def require_finite(obj: Any, what: str, *, skip: tuple[str, ...] = ()) -> None:
     if bad is not None:
         raise NonFiniteResultError(f"{what}: {bad[0] or 'the result'} is {bad[1]}; a non-finite result is not "
                                    "reported (the weights or inputs give no finite value)")
+
+
+# ----------------------------------------------------------------------------- settings checked before work
+def check_at_least(name: str, value, low: int = 1, *, optional: bool = False) -> None:
+    """ConfigError unless `value` is an integer >= `low` (or None when `optional`), naming the setting."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        allowed = f"an integer >= {low}" + (" (or unset)" if optional else "")
+        raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda if torch sees a CUDA device, else mps if available, else cpu; other names unchanged."""
+    import torch
+    if device != "auto":
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else "cpu"
+
+
+def check_device(name: str, device: str) -> None:
+    """ConfigError unless `device` is `auto` or names a device torch can use here (cpu, cuda, cuda:N, mps)."""
+    import torch
+    if device == "auto":
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{name}={device!r} is not a device name; use auto, cpu, cuda (cuda:N) or mps") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"{name}={device!r}, but this torch build sees no CUDA device "
+                              f"(torch {torch.__version__}); use cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"{name}={device!r}, but only {count} CUDA device(s) are visible")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{name}={device!r}, but MPS is not available here; use cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"{name}={device!r} is not supported; use auto, cpu, cuda (cuda:N) or mps")
+
+
+def check_output_location(name: str, path: str | Path, *, folder: bool = True) -> Path:
+    """Check that `path` (a folder, or a file when `folder` is False) can be written, before any work.
+
+    Walks up to the nearest existing folder and creates and removes a small probe file there, so a
+    read-only, full or missing location fails now, naming the setting, rather than after the work.
+    Creates nothing that stays. Returns the absolute path (symbolic links and `..` resolved).
+    An empty path is refused (it would mean the working directory)."""
+    check_path_given(name, path)
+    given = Path(path).expanduser()
+    try:
+        path = given.resolve()
+    except (RuntimeError, OSError):                            # a symbolic-link loop (Python < 3.13: RuntimeError)
+        raise OutputError(f"{name} {given}: a symbolic link that loops; give a real folder") from None
+    if given.is_symlink() and not given.exists():
+        raise OutputError(f"{name} {given}: a symbolic link to {os.readlink(given)}, which does not exist; "
+                          "give a real folder") from None
+    if path.exists() and folder and not path.is_dir():
+        raise OutputError(f"{name} {path}: exists and is a file, not a folder")
+    if path.exists() and not folder and path.is_dir():
+        raise OutputError(f"{name} {path}: is a folder; give a file name")
+    base = path if folder else path.parent
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        raise OutputError(f"{name} {path}: {base} is a file, so no folder can be made under it")
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".unfoldformer-probe-")
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"{name} {path}: cannot write in {base} ({exc.strerror or exc})") from None
+    return path

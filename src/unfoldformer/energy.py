@@ -10,7 +10,10 @@ ordered sum Σ_{i,j} equals 2·E_A + n·H·ρ(0). The diagonal is masked, never 
 key_padding_mask convention). Padded tokens are removed from every sum; a row that is
 all padding has energy 0.
 
-Pairwise distances come from Gram matrices (never O(n²·d) pair differences), queries
+Pairwise distances come from Gram matrices (never O(n²·d) pair differences) of states **centred on
+the real tokens' mean first** (`centred_states`, THEORY §3.10 (ii)): z_ij depends only on differences,
+and the Gram form ½‖a_i‖² + ½‖a_j‖² − a_i·a_j of uncentred features cancels at u·max‖a_i‖² — u times the
+squared common offset — where that of centred ones errs by u·(spread)² only. Queries
 are processed in chunks (memory O(n · chunk)), and ρ = −exp(−z) goes through
 log-sum-exp: Σ_{j≠i} exp(−z_ij) = exp(LSE_{j≠i}(a_i·a_j − ½‖a_j‖²) − ½‖a_i‖²). For ρ = exp
 that log-sum-exp comes by default from one fused attention pass with the diagonal masked
@@ -97,6 +100,19 @@ def _masked_rows(valid: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- attention
+def centred_states(Y: Tensor, valid: Tensor) -> Tensor:
+    """Y minus the mean of its real tokens, padded rows 0: (B, n, d) -> (B, n, d), in Y's dtype.
+
+    Every z_ij = ½‖(y_i − y_j) F_hᵀ‖² is unchanged. The mean is formed in float64 and subtracted from the
+    exactly converted states, so each centred row carries one rounding, u·‖y_i − mean‖, and the rounding of
+    the mean itself is common to all rows (it cancels in every difference): the error of z_ij is bounded by
+    u·(spread)², never by u·(offset)² (THEORY §3.10 (ii))."""
+    real = valid[..., None]                                        # (B, n, 1)
+    Yd = Y.to(torch.float64).where(real, 0.0)                      # (B, n, d) padded rows 0 (even if not finite)
+    mean = Yd.sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp_min(1)   # (B, 1, d)
+    return (Yd - mean).where(real, 0.0).to(Y.dtype)                # (B, n, d)
+
+
 def head_features(Y: Tensor, factors: Tensor) -> Tensor:
     """a^h_i = y_i F_hᵀ: (B, n, d) × (H, k, d) -> (B, H, n, k)."""
     return torch.einsum("bnd,hkd->bhnk", Y, factors)
@@ -131,6 +147,7 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     r = get_rho(rho)
     if method not in ("fused", "gram"):
         raise ValueError(f"unknown method {method!r}; valid: fused, gram")
+    Y = centred_states(Y, valid)                                   # (B, n, d) same z_ij, no common offset
     if r.softmax and method == "fused":
         return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size)
     a = head_features(Y, F).to(torch.float64)                      # (B, H, n, k), features in Y's precision
@@ -207,7 +224,7 @@ def pair_weights(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     valid = check_states(Y, padding_mask, check_finite=False)
     F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
     r = get_rho(rho)
-    a = head_features(Y, F)                                        # (B, H, n, k)
+    a = head_features(centred_states(Y, valid), F)                 # (B, H, n, k) centred: same z_ij
     sq = (a * a).sum(-1)                                           # (B, H, n)
     z = pair_distances(a, a, sq, sq)                               # (B, H, n, n)
     pair = valid[:, None, :, None] & valid[:, None, None, :]       # (B, 1, n, n)
@@ -233,9 +250,10 @@ def attention_majorizer(Y: Tensor, Y0: Tensor, factors: Tensor, rho: str | Rho =
     Yd, Y0d = Y.to(torch.float64), Y0.to(torch.float64)
     F = check_factors(factors, Y.shape[-1]).to(torch.float64)
     beta = pair_weights(Y0d, F, rho, padding_mask)                 # (B, H, n, n)
+    valid = check_states(Y, padding_mask, check_finite=False)
 
     def quad(Z: Tensor) -> Tensor:
-        a = head_features(Z, F)                                    # (B, H, n, k)
+        a = head_features(centred_states(Z, valid), F)             # (B, H, n, k) centred: same z_ij
         sq = (a * a).sum(-1)                                       # (B, H, n)
         return 0.5 * (beta * pair_distances(a, a, sq, sq)).sum(dim=(1, 2, 3))  # Σ_{i<j} β_ij z_ij
 

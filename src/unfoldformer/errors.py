@@ -7,7 +7,8 @@ also derive from the built-in error a caller would expect (`ValueError`, `FileNo
 """
 from __future__ import annotations
 
-__all__ = ["ConfigError", "IntegrityError", "OutputError", "UnfoldformerError", "UnverifiedFileWarning"]
+__all__ = ["CheckpointError", "ConfigError", "IntegrityError", "OutputError", "PretrainedError", "UnfoldformerError",
+           "UnverifiedFileWarning"]
 
 
 class UnfoldformerError(Exception):
@@ -25,6 +26,14 @@ class OutputError(UnfoldformerError, OSError):
 class IntegrityError(UnfoldformerError, RuntimeError):
     """A file that differs from what its run wrote (the folder's manifest `complete.json` says so), or a file
     without checksums that nothing vouches for."""
+
+
+class CheckpointError(UnfoldformerError, RuntimeError):
+    """A checkpoint or weights file that is missing, truncated, corrupt or not ours (the message names it)."""
+
+
+class PretrainedError(UnfoldformerError, ValueError):
+    """A pretrained folder or repo that is missing, damaged, or holds another model (the message names it)."""
 
 
 class UnverifiedFileWarning(UserWarning):

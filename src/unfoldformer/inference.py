@@ -2,8 +2,8 @@
 
     import unfoldformer as uf
     predictor = uf.load("runs/sst2")                       # a run folder, .safetensors or checkpoint.pt
-    predictor = uf.load("sst2-certified-tied")             # a zoo model (`unfoldformer zoo`), offline
-    predictor.save_pretrained("my-classifier")             # a pretrained folder (`hub.py`); uf.load reads it
+    predictor = uf.load("sst2-certified")             # a zoo model (`unfoldformer zoo`), offline
+    predictor.save_pretrained("my-classifier")             # a model folder (`persist`); uf.load reads it
     for p in predictor(["a gripping, beautiful film", "dull and far too long"]):
         print(p.label_name, p.probabilities, p.energies)   # energies: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾)
         print(p.energies_per_token)                         # the same curve per real token, E/n
@@ -18,33 +18,41 @@ naming the text and the quantity), never returned.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from .contracts import NonFiniteResultError, first_non_finite_row
+from .contracts import NonFiniteResultError, check_at_least, check_device, first_non_finite_row, resolve_device
 from .descent import descent_tolerance, lowered
 from .model import UnfoldedTransformer
+from .persist.classifier import classifier_source, load_classifier, save_predictor
+from .persist.rebuild import LABEL_NAMES
 
-__all__ = ["Prediction", "Predictor", "load"]
-
-LABEL_NAMES = ("negative", "positive")
+__all__ = ["LABEL_NAMES", "Prediction", "Predictor", "load"]
 
 
 @dataclass
 class Prediction:
-    """One text's prediction: label, class probabilities and (unfolded models) the energy curve."""
+    """One text's prediction: label, class probabilities and (unfolded models) the energies.
+
+    A tied model has one energy E: `energies` is its curve E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾) and `never_rises` says
+    whether that curve never rises. An untied model has one energy per layer, E_ℓ: entry ℓ ≥ 1 of
+    `energies` is E_ℓ(Y⁽ℓ⁾), values of different functions, so it is not one curve and `never_rises` is
+    None; what the model certifies is `layers_descend`: E_ℓ(Y⁽ℓ⁾) ≤ E_ℓ(Y⁽ℓ⁻¹⁾) for every layer ℓ.
+    Both allow the states' round-off (`descent.descent_tolerance`).
+    """
 
     text: str
     label: int
     label_name: str
     probabilities: list[float]
     tokens: int                            # tokens the model read (after truncation)
-    energies: list[float] | None = None    # E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾), float64
-    energies_per_token: list[float] | None = None   # the same curve divided by `tokens` (E/n)
-    never_rises: bool | None = None        # the curve never rises beyond round-off
+    energies: list[float] | None = None    # tied: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾); untied: E_1(Y⁽⁰⁾), E_ℓ(Y⁽ℓ⁾); float64
+    energies_per_token: list[float] | None = None   # the same values divided by `tokens` (E/n)
+    never_rises: bool | None = None        # tied: the curve never rises; untied: None (no single curve)
+    layers_descend: bool | None = None     # every layer lowers its own energy E_ℓ (tied: E_ℓ = E)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,8 +92,7 @@ class Predictor:
 
         `energies`: also the energy curve (unfolded models); `safeguard`: whole-layer descent by
         backtracking (THEORY §3.5), so the curve never rises."""
-        if isinstance(texts, str):
-            raise TypeError("predict expects a list of texts, not a single string")
+        texts = _checked_texts(texts)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         out: list[Prediction] = []
@@ -97,8 +104,8 @@ class Predictor:
     __call__ = predict
 
     def save_pretrained(self, folder) -> Path:
-        """This classifier as a pretrained folder (model.safetensors + config.json, `hub.py`); returns it."""
-        from .hub import save_predictor
+        """This classifier as a model folder (model.safetensors, config.json, README.md card and complete.json,
+        `persist.folder`); returns it."""
         return save_predictor(self, folder)
 
     @classmethod
@@ -125,7 +132,9 @@ class Predictor:
                 pred.energies = curve.tolist()
                 pred.energies_per_token = per_token[i].cpu().tolist()
                 tol = descent_tolerance(result.hidden.dtype)              # the states' own round-off
-                pred.never_rises = bool(lowered(curve[:-1], curve[1:], tol).all())
+                if self.model.encoder.config.tied:                         # one energy: one curve
+                    pred.never_rises = bool(lowered(curve[:-1], curve[1:], tol).all())
+                pred.layers_descend = bool(lowered(result.layer_before[i], result.layer_after[i], tol).all())
             preds.append(pred)
         return preds
 
@@ -154,13 +163,9 @@ def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: in
     `trust_unverified`: read a weights file that carries no checksums although no run-folder manifest
     vouches for it (refused otherwise: it could have been changed without trace).
     Predictions name their class by the training data's labels (`Prediction.label_name`)."""
-    from .runs import check_at_least, check_device, resolve_device
-    from .train.checkpoint import load_classifier
-
     check_device("device", device)
     if max_length != -1:
         check_at_least("max_length", max_length, optional=True)
-    from .hub import classifier_source
     loaded = load_classifier(classifier_source(path), data_dir=None if data_dir is None else str(data_dir),
                              trust_unverified=trust_unverified)
     length = loaded.config.data.max_length if max_length == -1 else max_length
@@ -168,3 +173,17 @@ def load(path: str | Path, *, data_dir: str | Path | None = None, max_length: in
                           loaded.path, loaded.info.get("integrity"), loaded.label_names)
     predictor.info = loaded.info                               # run id, metrics: kept by save_pretrained
     return predictor
+
+
+def _checked_texts(texts) -> list[str]:
+    """`texts` (a sequence or other iterable of str, a generator included) as a list; TypeError in one line
+    for a single string, None, bytes, a mapping or any item that is not a str (naming its position)."""
+    if isinstance(texts, str):
+        raise TypeError("predict expects a list of texts, not a single string")
+    if isinstance(texts, (bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
+        raise TypeError(f"predict expects a list of texts (str), got {type(texts).__name__}")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"predict expects texts (str); item {i} is {type(text).__name__}: {text!r:.40}")
+    return texts

@@ -22,8 +22,10 @@ go through the blocked kernel (`kernels.weighted_average`). Attention and FFN bo
 Energy curve: the step at Y⁽ᵗ⁾ computes the off-diagonal pass at Y⁽ᵗ⁾ (log S_i, hence E_A) and the
 hidden layer ReLU(Y⁽ᵗ⁾W̃ + b) (hence E_H), so E(Y⁽ᵗ⁾) costs only sums; a tied model's curve needs one
 more pass and hidden layer, at the last state (`JointStack.trial` carries them from layer to layer).
-The safeguard (`safeguard=True`) still works for this layer but never needs to backtrack: every
-full step already lowers E.
+The safeguard (`safeguard=True`) still works for this layer but never shortens its step: every full step
+already lowers E in exact arithmetic (and, with centred energies, under float64 evaluation). A float32 state
+near a fixed point can still rise by its own rounding (docs/theory.md, "Rounding the state"); the safeguard
+then keeps the previous state for that sample at once (scale 0), since a shorter step does not help.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from torch import Tensor, nn
 from . import energy as E
 from .errors import ConfigError
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, _valid
-from .rotated import RotatedStack, _Frame, _hidden, _row_squares, sample_log_nu
+from .rotated import RotatedStack, _Frame, _frame, _hidden, _row_squares, sample_log_nu
 from .softmax import AttentionPass
 from .steps import anchored_attention_step, head_values
 
@@ -47,6 +49,8 @@ __all__ = ["JointCarry", "JointLayer", "JointStack"]
 LEARNED_STEP_LOGIT = 4.0
 #: a: the learned step size's floor, as a fraction of α_max.
 LEARNED_STEP_FLOOR = 1e-3
+#: Largest starting γ of learned step sizes: φ₀ = log(e^γ − 1) needs e^γ finite in float64 (γ < 709.78).
+MAX_LEARNED_FFN_WEIGHT = 700.0
 
 
 class JointLayer(UnfoldedLayer):
@@ -55,15 +59,20 @@ class JointLayer(UnfoldedLayer):
     The step size is `attention.alpha` (certified range (0, 1]); `gamma` (γ ≥ 0) weights the FFN term;
     `ffn.alpha` is not used. `learn_steps`: α and γ are learned, α = α_max (a + (1 − a) σ(θ)) in
     [a α_max, α_max] (a = 10⁻³) and γ = softplus(φ) ≥ 0, inside the certified ranges for every θ, φ (one
-    pair per layer; a tied model's steps share one, so its energy stays one function). The model runs this layer in its own basis (`JointStack`); this module is
-    the reference for it."""
+    pair per layer; a tied model's steps share one, so its energy stays one function). The model runs this
+    layer in its own basis (`JointStack`); this module is the reference for it."""
 
-    def __init__(self, attention: AnchoredAttention, ffn: TiedFFN, gamma: float, learn_steps: bool = False):
+    def __init__(self, attention: AnchoredAttention, ffn: TiedFFN, gamma: float, learn_steps: bool = False,
+                 causal: bool = False):
         super().__init__(attention, ffn)
         self.learn_steps = bool(learn_steps)
+        self.causal = bool(causal)                 # token i sees j ≤ i: one MM step per token (§3.11, `causal.py`)
         if self.learn_steps:              # α ∈ [10⁻³ α_max, α_max], γ = softplus(φ) ≥ 0: certified for any θ, φ
             if not gamma > 0:
                 raise ConfigError(f"learned step sizes need ffn_weight > 0 to start from, got {gamma:g}")
+            if not gamma <= MAX_LEARNED_FFN_WEIGHT:     # φ₀ = log(e^γ − 1): e^γ overflows float64 beyond ~709.78
+                raise ConfigError(f"learned step sizes need ffn_weight <= {MAX_LEARNED_FFN_WEIGHT:g} "
+                                  f"(softplus start log(e^γ − 1) overflows beyond), got {gamma:g}")
             self.step_logit = nn.Parameter(torch.tensor(LEARNED_STEP_LOGIT))
             self.ffn_weight_raw = nn.Parameter(torch.tensor(math.log(math.expm1(gamma))))
         else:
@@ -92,6 +101,14 @@ class JointLayer(UnfoldedLayer):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         att, ffn = self.attention, self.ffn
+        if self.causal:                                             # the causal step in the layer's basis
+            from .causal import causal_joint_step
+            f, valid = _frame(self, Y.dtype), _valid(Y, padding_mask)
+            Yb, Xb = (Z.where(valid[..., None], 0.0) for Z in (Y, X.to(Y.dtype)))   # (B, n, d) padded rows zeroed
+            if f.Q is not None:
+                Yb, Xb = Yb @ f.Q, Xb @ f.Q
+            out = causal_joint_step(f, Yb, Xb, valid, self.step_size() * scale, att.rotary)   # (B, n, d)
+            return torch.where(valid[..., None], out if f.Q is None else out @ f.Q.T, Y)
         att._plain()
         R = F_nn.linear(torch.relu(F_nn.linear(Y, ffn.W1.T, ffn.b)), ffn.W1)        # (B, n, d) ReLU(YW1 + b)W1ᵀ
         lam = att.sample_lam(_valid(Y, padding_mask))
@@ -118,7 +135,7 @@ class JointCarry(NamedTuple):
 
     attention: AttentionPass | None   # pass at Y (with its average when a step follows); None for other ρ
     ffn_output: Tensor | None         # (B, n, d) r̃; None when no step follows from Y
-    hidden_squares: Tensor            # (B, n) ‖ReLU(ỹ_i W̃ + b)‖² in Y's dtype
+    hidden_squares: Tensor            # (B, n) ‖ReLU(ỹ_i W̃ + b)‖², float64
 
 
 class JointStack(RotatedStack):
@@ -141,6 +158,9 @@ class JointStack(RotatedStack):
         energy)."""
         att, gamma = f.layer.attention, f.layer.gamma
         alpha = f.layer.step_size() * scale
+        if f.layer.causal:                                          # one MM step per token (§3.11, `causal.py`)
+            from .causal import causal_joint_step
+            return causal_joint_step(f, Y, Xr, valid, alpha, self.rotary)
         R = F_nn.linear(_hidden(Y, f), f.W) if R is None else R    # (B, n, d)
         P = f.layer.anchor_mix(Xr, R)                               # (B, n, d) (x̃ + γ r̃)/(1 + γ)
         log1p_gamma = torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma)

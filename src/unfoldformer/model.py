@@ -12,15 +12,19 @@ on the whole layer energy, which every layer lowers by construction; its curve c
 own passes and hidden layers (one more of each at the last state).
 
 **Safeguard** (THEORY §3.5): each sub-step of the alternating layer descends its own term, but a whole
-layer need not lower E = E_A + E_FFN (the joint layer does; the safeguard then never backtracks).
+layer need not lower E = E_A + E_FFN (the joint layer does; the safeguard then never shortens its step,
+and with float32 states keeps a sample's state only where rounding the new one would raise E).
 With `safeguard=True` every layer step is accepted per sample only if E does not rise (beyond
 `descent_tolerance`); otherwise its step size is halved, up to `max_halvings` times, after which the
 sample keeps its state (the layer is skipped for it). The energy curve then never rises, by
 construction. It needs the energies of every layer, so it is off unless asked for. With states in
-float32 (or lower) the safeguard decides on float64 evaluations of the states (operators as stored,
-converted exactly; the steps stay in the states' dtype), and the energies it returns are those: an
-accepted layer does not rise under an independent float64 evaluation (docs/theory.md, "Numerics of the
-fast paths"; float32 passes err by up to 4γR², `softmax.logit_error_bound`).
+float32 (or lower) every energy the forward returns (the curve, the layer energies, the sub-step terms;
+with or without the safeguard) is a float64 evaluation of the states (operators as stored, converted
+exactly; the steps stay in the states' dtype): the safeguard decides on them, and an accepted layer does
+not rise under an independent float64 evaluation; the statistics judged from them (`descent.py`) err by
+far less than the float32 tolerance (float32 passes err by up to 4γR², `softmax.logit_error_bound`, and
+float32 row sums of squares by (d + 1)u‖y‖²: both above it; docs/theory.md, "Numerics of the fast paths").
+The float64 evaluations cost about 3× the plain forward of a float32 preset (measured on CPU, B = 16, n = 128).
 
 Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard=True`) gives the curve:
 - `energies` (B, depth + 1). Tied: E(Y⁽ᵗ⁾) for t = 0 … depth, one energy throughout.
@@ -31,7 +35,7 @@ Energies, all (B, ·) float64. `return_energies=True` (or "curve", or `safeguard
 `return_energies="steps"` adds the sub-step terms (one more attention energy per layer):
 - `attention_before`, `attention_after` (B, depth): the attention term of E_ℓ at Y⁽ℓ⁻¹⁾ and
   at U⁽ℓ⁾ (after the attention step); `ffn_before`, `ffn_after`: the FFN term at U⁽ℓ⁾ and at Y⁽ℓ⁾.
-For ρ = exp each state's attention pass serves both its energy and the step from it
+For float64 states and ρ = exp each state's attention pass serves both its energy and the step from it
 (`softmax.attention_pass`), so the curve of a tied model costs one extra pass in all, plus the
 FFN product Y⁽ᵗ⁾ W1 per layer that no alternating step computes (the joint layer's step computes it:
 one extra pass and hidden layer in all). For a joint layer `"steps"` has no intermediate state: U = Y⁺.
@@ -49,13 +53,13 @@ from .config import ModelConfig
 from .descent import descent_tolerance, lowered
 from .energy import check_dtype, check_states
 from .errors import ConfigError
-from .hub import PretrainedMixin
 from .joint import JointLayer, JointStack
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention, SymmetricFFN, TiedFFN, UnfoldedLayer
+from .pretrained import PretrainedMixin
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
 
-__all__ = ["EncoderOutput", "UnfoldedTransformer", "build_layer"]
+__all__ = ["EncoderOutput", "UnfoldedTransformer", "build_layer", "copy_layer", "masked_mean"]
 
 
 def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
@@ -68,7 +72,7 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
                                  rotary=cfg.positions == "rotary")
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
             ffn = TiedFFN(d, cfg.ffn_hidden, 1.0, bound=cfg.ffn_bound)           # ffn.alpha unused
-            return JointLayer(attn, ffn, cfg.ffn_weight, bool(cfg.learn_steps))
+            return JointLayer(attn, ffn, cfg.ffn_weight, bool(cfg.learn_steps), bool(cfg.causal))
     elif cfg.attention == "metric":
         attn = MetricAttention(d, H, cfg.rho, cfg.alpha_attention, cfg.learn_basis, cfg.basis_map or "exp",
                                certified=cfg.certified)
@@ -81,6 +85,26 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
            "released": lambda: ReleasedFFN(d, cfg.relu),
            "none": lambda: None}[cfg.ffn]()
     return UnfoldedLayer(attn, ffn)
+
+
+def masked_mean(hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """Mean over real tokens: (B, n, d) -> (B, d); `padding_mask` True marks padding."""
+    if padding_mask is None:
+        return hidden.mean(dim=1)
+    w = (~padding_mask).to(hidden.dtype)[..., None]               # (B, n, 1)
+    return (hidden * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
+
+
+def copy_layer(layer: UnfoldedLayer, cfg: ModelConfig) -> UnfoldedLayer:
+    """An independent copy of `layer` (built from `cfg`, its state loaded). Not `copy.deepcopy`: a deep copy of a
+    parametrised basis shares the original's cached weight inside `parametrize.cached()` (the forward's), so an
+    untied stack of deep copies ran every layer with the first one's basis and trained only that one."""
+    param = next(layer.parameters(), None)
+    fresh = build_layer(cfg)
+    if param is not None:
+        fresh = fresh.to(device=param.device, dtype=param.dtype)
+    fresh.load_state_dict(layer.state_dict())
+    return fresh
 
 
 @dataclass
@@ -233,11 +257,25 @@ _DETAIL = {None: None, False: None, True: "curve", "curve": "curve", "steps": "s
 
 
 class UnfoldedTransformer(PretrainedMixin, nn.Module):
-    """A Transformer whose layers are descent steps on an explicit energy (THEORY §3)."""
+    """A Transformer whose layers are descent steps on an explicit energy (THEORY §3).
+
+    Args:
+        config: a `ModelConfig` (resolved here); `ModelConfig.preset("certified")` is the joint layer,
+            tied, whose every layer lowers one energy E for any weights.
+        layers: the layer modules to use (1 if tied, else `depth`), built from `config` when None
+            (`CertifiedEncoder` passes its own).
+
+    Example:
+        >>> import torch, unfoldformer as uf
+        >>> model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified", d_model=64)).eval()
+        >>> x = torch.randn(4, 32, 64)                              # (B, n, d)
+        >>> pad = torch.zeros(4, 32, dtype=torch.bool)              # (B, n), True = padding
+        >>> out = model(x, pad, return_energies=True)
+        >>> out.hidden.shape, out.energies.shape                    # (B, n, d), (B, depth + 1) float64
+        (torch.Size([4, 32, 64]), torch.Size([4, 7]))
+    """
 
     def __init__(self, config: ModelConfig, *, layers: list[nn.Module] | None = None):
-        """`layers`: the layer modules to use (1 if tied, else `depth`), built from `config` when None
-        (`CertifiedEncoder` passes its own)."""
         super().__init__()
         config = config.resolved()
         if config.attention == "standard":
@@ -259,11 +297,22 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None, *, return_energies: bool | str = False,
                 safeguard: bool = False, max_halvings: int = 8) -> EncoderOutput:
-        """x: (B, n, d) inputs X = Y⁽⁰⁾; `padding_mask` (B, n) bool, True marks padding.
+        """Run the `depth` descent steps from x.
 
-        `return_energies`: True or "curve" for the energy curve, "steps" for the sub-step energies as
-        well (module doc). `safeguard`: whole-layer descent by backtracking, at most `max_halvings`
-        halvings per layer and sample (module doc); it returns the curve at least."""
+        Args:
+            x: (B, n, d) inputs X = Y⁽⁰⁾, also the anchor of the energy.
+            padding_mask: (B, n) bool, True marks padding (None: no padding).
+            return_energies: False; True or "curve" for the energy at every depth; "steps" for the
+                sub-step energies as well (module doc).
+            safeguard: whole-layer descent by backtracking, at most `max_halvings` halvings per layer and
+                sample (module doc); it returns the curve at least. The joint layer never needs it.
+            max_halvings: the safeguard's halvings per layer step before the step is skipped.
+
+        Returns:
+            An `EncoderOutput`: `hidden` (B, n, d) and, when asked, `energies` (B, depth + 1) float64
+            (tied: E(Y⁽⁰⁾), …, E(Y⁽ᵀ⁾); untied: each layer's own E_ℓ, so read `layer_before` /
+            `layer_after` (B, depth) for the per-layer certificate).
+        """
         valid = check_states(x, padding_mask)                        # the only check of the input
         check_dtype(x, self)
         if x.shape[-1] != self.config.d_model:
@@ -274,15 +323,23 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
             raise ConfigError(f"return_energies must be False, True (the energy curve), 'curve' or 'steps' "
                               f"(the curve and the sub-step energies), got {return_energies!r}")
         detail = _DETAIL[return_energies] or ("curve" if safeguard else None)
+        if self.config.causal and (safeguard or detail == "steps"):
+            raise ConfigError("a causal model lowers every token's conditional energy by construction (THEORY §3.11): "
+                              "no safeguard and no sub-steps; return_energies=True gives the per-token energies")
         if x.shape[0] == 0:                                          # an empty batch: empty outputs
             return _empty_output(x, self.config.depth, detail)
         with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
-            exact = safeguard and x.dtype != torch.float64           # decide on float64 evaluations
+            # energies of float32 (or lower) states are float64 evaluations of those states, for the safeguard's
+            # decisions and for every reported curve alike (descent.py: their error is then far below the tolerance)
+            exact = detail is not None and x.dtype != torch.float64
             rotated = JointStack if isinstance(self.layers[0], JointLayer) else RotatedStack
             stack = (rotated(self, x, valid, exact) if all(runs_rotated(layer) for layer in self.layers)
                      else _ModuleStack(self, x, padding_mask, exact))
             if detail is None:
                 return EncoderOutput(hidden=stack.run())
+            if self.config.causal:                                   # per-token conditional energies (`causal.py`)
+                from .causal import causal_trace
+                return causal_trace(stack, self.config.depth)
             return self._traced_forward(stack, detail == "steps", max_halvings if safeguard else None)
 
     def _traced_forward(self, stack, substeps: bool, halvings: int | None) -> EncoderOutput:
@@ -322,8 +379,12 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
         """Layer ℓ on every sample not `skipped` (those keep Y). With `halvings` (the safeguard), a sample
         whose energy rises is retried at half the step, up to `halvings` times, then keeps Y (scale 0).
         `at_input` None: the first trial computes E_ℓ at Y (it then runs on every sample), and its attention
-        pass at Y becomes `carry` for the retries."""
+        pass at Y becomes `carry` for the retries. A joint layer is never retried: its exact step descends at every
+        α ∈ (0, 1], so a rise comes from rounding the new state (float32 near a fixed point: docs/theory.md,
+        "Rounding the state"), which a shorter step does not remove; the sample keeps Y (scale 0) at once."""
         tol = descent_tolerance(Y.dtype)
+        if halvings is not None and isinstance(self.layers[0], JointLayer):
+            halvings = 0
         B = Y.shape[0]
         todo = torch.nonzero(~skipped).flatten()                    # samples still to be stepped
         step = None

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from .config import ModelConfig
 from .energy import check_dtype, check_states
 from .errors import ConfigError
-from .hub import PretrainedMixin
-from .model import EncoderOutput
+from .model import EncoderOutput, masked_mean
+from .pretrained import PretrainedMixin
 
 __all__ = ["CODING_RATE_EPS", "Crate", "EnergyTransformer", "coding_rate", "energy_layer_norm", "et_energy",
            "et_gradient", "et_gradient_fused", "ista_step"]
@@ -302,7 +302,5 @@ class Crate(PretrainedMixin, nn.Module):
     def pool(self, hidden: Tensor, padding_mask: Tensor | None) -> Tensor:
         """The sequence vector (B, d) of `forward`'s `hidden` (B, n, d): the mean over real tokens, then
         the final LayerNorm (`pool-norm`), or the mean of the normalised tokens (`norm-pool`)."""
-        from .classifier import masked_mean
-
         pooled = masked_mean(hidden, padding_mask)                # (B, d)
         return self.norm(pooled) if self.config.readout == "pool-norm" else pooled

@@ -132,8 +132,9 @@ def _change(Q_from: Tensor | None, Q_to: Tensor | None) -> Tensor | None:
 
 
 def _row_squares(x: Tensor) -> Tensor:
-    """‖x_i‖² per row in x's precision: (B, n, k) -> (B, n)."""
-    return torch.linalg.vector_norm(x, dim=-1).square()
+    """‖x_i‖² per row, accumulated in float64 (a float32 row sum errs by up to k·u‖x_i‖², which the energies'
+    differences cannot afford: descent.py): (B, n, k) -> (B, n) float64."""
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64).square()
 
 
 def _total(rows: Tensor, valid: Tensor) -> Tensor:

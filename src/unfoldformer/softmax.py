@@ -61,8 +61,8 @@ class AttentionPass(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- the fused kernel
-def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=1.0)
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> tuple[Tensor, Tensor]:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask, scale=1.0)
 
 
 class _FusedSoftmax(torch.autograd.Function):
@@ -74,9 +74,10 @@ class _FusedSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
-        out, lse = _fused(q, k, v, mask)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False):
+        out, lse = _fused(q, k, v, mask, causal)
         ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.causal = causal
         return out, lse
 
     @staticmethod
@@ -88,17 +89,17 @@ class _FusedSoftmax(torch.autograd.Function):
             g[..., -1] = 1.0
             out[..., -1] = -g_lse
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            g, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=1.0)
-        return (*grads, None)
+            g, q, k, v, out, lse, 0.0, ctx.causal, attn_mask=mask, scale=1.0)
+        return (*grads, None, None)
 
 
-def _efficient(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None):
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False, scale=1.0)
+def _efficient(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, causal: bool = False):
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, causal, scale=1.0)
 
 
-def _efficient_backward(g, q, k, v, bias, out, lse, seed, offset):
+def _efficient_backward(g, q, k, v, bias, out, lse, seed, offset, causal: bool = False):
     return torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-        g, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, False], False, scale=1.0)
+        g, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=1.0)
 
 
 def _pad_to(x: Tensor, dim: int, multiple: int) -> Tensor:
@@ -122,16 +123,16 @@ class _EfficientSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False):
         B, H, c, w = q.shape
         n = k.shape[2]
         qp, kp, vp = (_pad_to(t, -1, _ALIGN) for t in (q, k, v))   # (B, H, ·, w') zero columns added
         bias = None
         if mask is not None:
             bias = _pad_to(mask.expand(B, H, c, n), -1, _ALIGN)[..., :n]   # (B, H, c, n) aligned rows
-        out, lse, seed, offset = _efficient(qp, kp, vp, bias)
+        out, lse, seed, offset = _efficient(qp, kp, vp, bias, causal)
         ctx.save_for_backward(qp, kp, vp, bias, out, lse, seed, offset)
-        ctx.width = w
+        ctx.width, ctx.causal = w, causal
         return out[..., :w], lse[..., :c]
 
     @staticmethod
@@ -145,8 +146,8 @@ class _EfficientSoftmax(torch.autograd.Function):
             out = out.clone()
             g[..., -1] = 1.0
             out[..., -1] = -g_lse[..., :c]
-        gq, gk, gv = _efficient_backward(g, qp, kp, vp, bias, out, lse, seed, offset)[:3]
-        return gq[..., :w], gk[..., :w], gv[..., :w], None
+        gq, gk, gv = _efficient_backward(g, qp, kp, vp, bias, out, lse, seed, offset, ctx.causal)[:3]
+        return gq[..., :w], gk[..., :w], gv[..., :w], None, None
 
 
 def pass_kind(device_type: str, dtype: torch.dtype) -> str:
@@ -159,24 +160,28 @@ def pass_kind(device_type: str, dtype: torch.dtype) -> str:
 
 
 def softmax_with_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *,
-                     fused: bool | None = None) -> tuple[Tensor, Tensor]:
+                     fused: bool | None = None, causal: bool = False) -> tuple[Tensor, Tensor]:
     """(softmax(q kᵀ + mask) v, logsumexp(q kᵀ + mask)), scale 1, both differentiable.
 
     q (B, H, c, w), k and v (B, H, n, w) with equal widths and **v's last column zero**; mask (1, 1, c, n)
     additive, or None. Returns (B, H, c, w) and (B, H, c). `fused`: the device's fused kernel (default
-    where one runs, `pass_kind`); False: explicit logits.
+    where one runs, `pass_kind`); False: explicit logits. `causal`: query i sees keys j ≤ i only (square
+    q kᵀ; the kernels' own causal mode, no mask tensor).
     """
     kind = pass_kind(q.device.type, q.dtype)
     if fused is None:
         fused = kind != "explicit"
     if fused and kind == "cpu-flash":
-        return _FusedSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype))
+        return _FusedSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype), causal)
     if fused and kind == "cuda-efficient":
-        return _EfficientSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype))
+        return _EfficientSoftmax.apply(q, k, v, None if mask is None else mask.to(q.dtype), causal)
     if fused:
         raise ValueError(f"no fused attention kernel for {q.dtype} on {q.device.type}")
     logits = q @ k.transpose(-1, -2)                               # (B, H, c, n)
     logits = logits if mask is None else logits + mask
+    if causal:                                                     # (c, n) j > i masked
+        later = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        logits = logits.masked_fill(later, masked_logit(logits.dtype))
     return torch.softmax(logits, dim=-1) @ v, torch.logsumexp(logits, dim=-1)
 
 

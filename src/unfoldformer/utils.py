@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "environment", "file_sha256", "jsonable", "torch_threads",
-           "write_json"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "environment", "file_sha256", "jsonable", "refusal_text",
+           "state_problem", "torch_threads", "write_json"]
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -125,3 +125,26 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def state_problem(module, state: dict) -> str | None:
+    """What makes saved tensors `state` unfit to load into `module`, in one line naming the tensor: a shape
+    other than the module's own (torch's own error spans many lines), or a NaN/inf entry; None if fit."""
+    import torch
+    own = module.state_dict()
+    for key, tensor in state.items():
+        if key in own and tuple(own[key].shape) != tuple(tensor.shape):
+            return f"tensor {key!r} has shape {tuple(tensor.shape)}, the model's {tuple(own[key].shape)}"
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            return f"tensor {key!r} holds {bad} non-finite value(s) (NaN or inf)"
+    return None
+
+
+def refusal_text(exc: BaseException) -> str:
+    """One line for a `torch.load(..., weights_only=True)` failure. A file that needs more than tensors
+    (a pickle of Python objects) is named as such: torch's own text advises `weights_only=False`, which
+    would run the file's code, so it is not repeated."""
+    import pickle
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in text or "Weights only" in text:
+        return "it holds Python objects beyond tensors, which could run code when loaded; such files are refused"
+    return f"truncated or corrupt? {text.splitlines()[0] if text.strip() else type(exc).__name__}"

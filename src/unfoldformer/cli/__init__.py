@@ -4,8 +4,10 @@ Each command module provides `add_arguments(parser)` and `run(args) -> int` and 
 only when its command runs (so `unfoldformer --help` stays fast). `main` is the one error path
 of every command: an `UnfoldformerError` (bad setting, missing or malformed file, unreadable
 checkpoint, unsupported model) prints `unfoldformer COMMAND: error: MESSAGE` and exits with
-status 2; anything else is a bug and keeps its traceback. An `UnverifiedFileWarning` (a file
-read without checksums) prints one line, `unfoldformer COMMAND: warning: MESSAGE`.
+status 2; so does an `OSError` of the system (a full disk, a symbolic-link loop, a permission), in
+one line naming the file. A closed output pipe (`unfoldformer zoo | head`) ends the command quietly
+with status 141, as a command killed by SIGPIPE does. Anything else is a bug and keeps its traceback.
+An `UnverifiedFileWarning` (a file read without checksums) prints one line, `unfoldformer COMMAND: warning: MESSAGE`.
 
 `check_options(args, *names)` checks integer options (>= 1 unless unset) before a command
 does any work, each error naming its option.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 
@@ -30,6 +33,8 @@ COMMANDS: dict[str, str] = {
     "predict": "labels, probabilities and energy curves of a trained classifier for new texts",
     "zoo": "list the trained classifiers shipped with the package",
     "plot": "loss, accuracy and energy figures of a run folder (PNG, written into it)",
+    "lm": "language model: train, evaluate, generate (certified decoder or standard GPT)",
+    "distill": "distil all-MiniLM-L6-v2 into a certified joint encoder (resumable)",
 }
 
 
@@ -101,9 +106,26 @@ def main(argv: list[str] | None = None) -> int:
     except UnfoldformerError as exc:
         print(f"unfoldformer {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"unfoldformer {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"unfoldformer {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe: point stdout at devnull so the interpreter's last flush cannot fail again
+    (the Python documentation's recipe, signal module, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):              # stdout is not a file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":

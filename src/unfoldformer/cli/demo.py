@@ -1,10 +1,10 @@
 """`unfoldformer demo`: the energy trace of a certified model on random inputs (THEORY §3).
 
-Builds a preset (default `certified-joint`, the recommended certified layer), runs it on random inputs
+Builds a preset (default `certified`, the joint layer: the recommended certified model), runs it on random inputs
 with padding, and prints E(Y⁽ᵗ⁾) per layer with the share of layer, attention and FFN steps that lower
 their energy and the share of samples whose curve never rises. A joint layer (THEORY §3.7) is one step,
 so it has no sub-step shares, and its curves never rise; the demo also runs the other certified layer
-of the same size on the same inputs (joint ↔ alternating `certified`, safeguard off), whose whole
+of the same size on the same inputs (joint `certified` ↔ `certified-alternating`, safeguard off), whose whole
 layers can raise the energy. Writes nothing
 unless `--out` is given (then `demo.json`, `config.json` and
 `complete.json`, the folder built whole or not at all: `runs.staged_output`).
@@ -27,7 +27,7 @@ OUTPUT_FILES = ("config.json", "demo.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="certified-joint", choices=sorted(p for p in PRESETS if p != "standard"))
+    parser.add_argument("--preset", default="certified", choices=sorted(p for p in PRESETS if p != "standard"))
     parser.add_argument("--safeguard", action="store_true", help="whole-layer descent by backtracking (THEORY §3.5)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
@@ -59,7 +59,7 @@ def energy_trace(cfg: ModelConfig, batch: int, tokens: int, seed: int, safeguard
     }
     if cfg.attention == "anchored" and cfg.ffn == "tied" and contrast:   # the other layer kind, same size and inputs
         same = {k: getattr(cfg, k) for k in ("d_model", "n_heads", "depth", "tied", "rho", "ffn_hidden")}
-        other = ModelConfig.preset("certified" if joint else "certified-joint", **same)
+        other = ModelConfig.preset("certified-alternating" if joint else "certified", **same)
         result["other_preset"] = other.preset_name
         result["other_share_curves_never_rising"] = energy_trace(other, batch, tokens, seed, contrast=False,
                                                                  device=device)["share_curves_never_rising"]

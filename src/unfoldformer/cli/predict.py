@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         line = f"{p.label_name:{width}s} p=[{probs}]"
         if p.energies is not None:
             curve = " ".join(f"{e:.4g}" for e in p.energies_per_token)
-            line += f"  E/n: {curve} ({'never rises' if p.never_rises else 'rises'})"
+            if p.never_rises is not None:                        # tied: one energy, one curve
+                line += f"  E/n: {curve} ({'never rises' if p.never_rises else 'rises'})"
+            else:                                                # untied: E_ℓ per layer, not one curve
+                line += f"  E_ℓ/n: {curve} ({'every layer descends' if p.layers_descend else 'a layer rises'})"
         print(f"{line}  | {p.text[:60]}")
     return 0

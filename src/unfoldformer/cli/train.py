@@ -4,7 +4,7 @@
 
 Examples::
 
-    unfoldformer train --model.kind certified-tied --data.dataset sst2 --run.out_dir runs/sst2
+    unfoldformer train --data.dataset sst2 --run.out_dir runs/sst2
     unfoldformer train --config cfg.yaml --optim.lr 3e-4 --model.depth 12
     unfoldformer train --run.out_dir runs/sst2 --resume        # reuses runs/sst2/config.json
     unfoldformer train --run.out_dir runs/sst2 --resume --optim.epochs 5   # extends a finished run

@@ -25,7 +25,6 @@ new list, so callers cannot alter the cache.
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import tarfile
 import zipfile
@@ -33,7 +32,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import DataFormatError, file_record, find_data_file, sha256_file
+from .files import DataFormatError, file_record, find_data_file, sha256_file, tree_sha256
 
 __all__ = ["DATASET_NAMES", "EVAL_SPLITS", "LABELLED_SPLITS", "TextExample", "dataset_files", "dataset_record",
            "load_dataset", "load_imdb", "load_sst2"]
@@ -324,12 +323,3 @@ def dataset_files(name: str, data_dir: str | Path | None = None) -> dict[str, st
 def dataset_record(name: str, data_dir: str | Path | None = None) -> dict:
     """``{"path", "bytes", "sha256"}`` of the file a data set is read from (provenance of a run)."""
     return file_record(find_data_file(DATASET_FILES[_dataset_key(name)], data_dir, download=False))
-
-
-def tree_sha256(folder: str | Path) -> str:
-    """Digest of all files under ``folder`` (see :func:`dataset_files`)."""
-    folder = Path(folder)
-    files = (p for p in folder.rglob("*") if p.is_file())
-    lines = [f"{sha256_file(p)}  {p.relative_to(folder.parent).as_posix()}\n" for p in files]
-    lines.sort(key=lambda line: line.split("  ", 1)[1])
-    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()

@@ -255,7 +255,13 @@ def _word_table(weights: Path) -> tuple[str, torch.Tensor]:
             names = list(handle.keys())
             pick = _table_name(names, weights)
             return pick, handle.get_tensor(pick)
-    state = torch.load(weights, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as exc:  # zip/pickle errors, and the refusal of pickled objects
+        from ..utils import refusal_text
+        raise DataFormatError(f"{weights}: cannot read the weights ({refusal_text(exc)})") from None
+    if not isinstance(state, dict):
+        raise DataFormatError(f"{weights}: not a state dict of tensors")
     pick = _table_name(list(state), weights)
     return pick, state[pick]
 

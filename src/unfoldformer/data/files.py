@@ -37,6 +37,7 @@ accepted for ``SST-2.zip`` only if it is a valid zip holding
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import tempfile
 import urllib.request
@@ -121,10 +122,9 @@ def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:
 
 def file_record(path: str | Path) -> dict:
     """``{"path", "bytes", "sha256"}`` of a data file, or of a folder (total bytes, ``tree:`` digest
-    of its files: see :func:`unfoldformer.data.datasets.tree_sha256`), for provenance records."""
+    of its files: see :func:`tree_sha256`), for provenance records."""
     resolved = Path(path).resolve()
     if resolved.is_dir():
-        from .datasets import tree_sha256
         size = sum(p.stat().st_size for p in resolved.rglob("*") if p.is_file())
         return {"path": str(resolved), "bytes": size, "sha256": "tree:" + tree_sha256(resolved)}
     return {"path": str(resolved), "bytes": resolved.stat().st_size, "sha256": sha256_file(resolved)}
@@ -297,3 +297,12 @@ def _is_sst2_zip(path: Path) -> bool:
             return all(m in names for m in SST2_MEMBERS) and archive.testzip() is None
     except (zipfile.BadZipFile, OSError):
         return False
+
+
+def tree_sha256(folder: str | Path) -> str:
+    """Digest of all files under ``folder`` (see :func:`unfoldformer.data.datasets.dataset_files`)."""
+    folder = Path(folder)
+    files = (p for p in folder.rglob("*") if p.is_file())
+    lines = [f"{sha256_file(p)}  {p.relative_to(folder.parent).as_posix()}\n" for p in files]
+    lines.sort(key=lambda line: line.split("  ", 1)[1])
+    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()

@@ -9,7 +9,7 @@ One data set, the same N evaluation texts for every variant. Variants (keys "for
   energy E_rel) on the same inputs;
 - trained variants (`paper.trained`): ``paper/trained-as-released`` and
   ``paper-as-released/trained-as-released`` (the paper's SGD recipe), ``paper/trained`` (a recipe
-  that learns) and ``certified/trained`` (the certified-joint model, THEORY §3.7, no
+  that learns) and ``certified/trained`` (the `certified` model: the joint layer, THEORY §3.7, no
   safeguard). A trained classifier's encoder
   runs on its own inputs X = input map(embeddings).
 

@@ -1,7 +1,7 @@
 """Figures 5–6 drawn: the paper's box plots per layer, plus the per-layer change that makes layers 1–12 readable.
 
 Panels are grouped by energy: the models whose descent is certified (the corrected `paper` formulas and
-the certified-tied model) and the released formulas (E_rel). Each variant is a column with two panels:
+the certified models) and the released formulas (E_rel). Each variant is a column with two panels:
 
 - top: per-token energies E(Y⁽ᵗ⁾)/n shifted by the lowest lower whisker (the paper's box plots,
   1.5·IQR whiskers, points beyond them counted in the panel, not drawn), the median of each box
@@ -37,7 +37,7 @@ __all__ = ["GROUPS", "plot"]
 
 #: Rows of the figure: (title, variant keys), drawn when present.
 GROUPS = (
-    ("certified descent: corrected paper formulas, certified-joint model",
+    ("certified descent: corrected paper formulas, certified (joint) model",
      ("paper/random", "paper/random-relu", "paper/trained-as-released", "paper/trained", "certified/trained")),
     ("as released: the authors' formulas, energy E_rel (THEORY §7.1)",
      ("paper-as-released/random", "paper-as-released/random-relu", "paper-as-released/trained-as-released")),
@@ -46,7 +46,7 @@ _MEDIAN, _MEAN, _RISE, _BAND = "tab:orange", "tab:red", "crimson", "#d9e8f5"
 
 
 def _title(c: VariantCurves) -> str:
-    head = {"paper": "paper", "paper-as-released": "as released", "certified": "certified-joint"}[c.formula]
+    head = {"paper": "paper", "paper-as-released": "as released", "certified": "certified (joint)"}[c.formula]
     title = f"{head}: {c.label}\nd={c.d_model}" + (", safeguard on" if c.safeguard else "")
     if c.accuracy is not None:
         title += f", accuracy {100 * c.accuracy:.1f}%"

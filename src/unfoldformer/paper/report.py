@@ -23,7 +23,7 @@ VARIANT_CLAIMS = {
     "paper/random-relu": "random init, ReLU, corrected formulas",
     "paper/trained-as-released": "trained as released (SGD), corrected formulas",
     "paper/trained": "trained with a recipe that learns (AdamW), corrected formulas",
-    "certified/trained": ("trained certified-joint model, no safeguard (one MM step per layer: descent by "
+    "certified/trained": ("trained certified model, no safeguard (one MM step per layer: descent by "
                           "construction; not in the paper)"),
     "paper-as-released/random": "random init, no ReLU, released formulas (E_rel)",
     "paper-as-released/random-relu": "random init, ReLU, released formulas (E_rel)",
@@ -124,7 +124,7 @@ def _deviations(results: dict) -> list[str]:
             "**Recipe**: the as-released recipe sums the cross-entropy over minibatches of 16 (one lr-step per "
             "example); the classifier mean-pools over tokens into a linear head (the released code had no "
             "pooling). The *trained* variant (AdamW, warm-up, a trainable input map to a narrower d_model, more "
-            "examples) and the certified-joint model are ours, not the paper's.",
+            "examples) and the certified (joint) model are ours, not the paper's.",
             "**Formulas**: the `paper` rows use the corrected formulas (the released-code defects are listed at "
             "the end); the released formulas are shown separately as `paper-as-released`.",
         ]

@@ -85,7 +85,7 @@ def _caption(cfg: ReproduceSettings, s: dict, emb) -> str:
     return (f"Embeddings: {emb.name} ({emb.dim}-d, frozen; the paper: GloVe 840B, 300-d). Inputs: {n} random "
             f"{DATASET_NAMES[name]} {EVAL_SPLITS[name]} texts, {trunc}, {s['tokens_per_sample']['mean']:.0f} "
             f"tokens on average. Energies per token: E/n, n = the text's tokens.\n12 weight-tied steps "
-            f"(certified-joint: 6, no safeguard). Accuracy: final weights on {s['n_accuracy']} "
+            f"(certified, the joint layer: 6, no safeguard). Accuracy: final weights on {s['n_accuracy']} "
             f"{EVAL_SPLITS[name]} examples (as released: at 32 tokens; AdamW: at the curves' truncation), safeguard "
             f"off; majority class "
             f"{100 * s['majority_rate']:.1f}%. A rising step: E(Y⁽ᵗ⁾) > E(Y⁽ᵗ⁻¹⁾) + 1e-6·(1 + |E(Y⁽ᵗ⁻¹⁾)|).")

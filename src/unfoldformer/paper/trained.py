@@ -11,7 +11,7 @@ the reproduction's output (open one with `unfoldformer.load(folder)`):
 - ``trained`` — a recipe that learns, for the same 12-step weight-tied `paper` model: AdamW, linear
   warm-up then cosine decay, a trainable input map from the embedding width to a narrower d_model,
   more examples.
-- ``certified`` — the `certified-joint` model (THEORY §3.7: one MM step per layer, whole-layer descent by
+- ``certified`` — the `certified` (joint) model (THEORY §3.7: one MM step per layer, whole-layer descent by
   construction, so its curves are drawn without the safeguard) with the same recipe.
 
 `RecipeSpec` lists what differs between recipes; `train_config` turns one into a validated
@@ -173,6 +173,6 @@ def recipes(cfg, dataset: str) -> list[RecipeSpec]:
         RecipeSpec("paper/trained-as-released", "paper-sgd", "paper", released, **sgd),
         RecipeSpec("paper-as-released/trained-as-released", "released-sgd", "paper-as-released", released, **sgd),
         RecipeSpec("paper/trained", "paper-adamw", "paper", adamw_label, **adamw),
-        RecipeSpec("certified/trained", "certified-joint-adamw", "certified-joint", adamw_label, **adamw,
+        RecipeSpec("certified/trained", "certified-joint-adamw", "certified", adamw_label, **adamw,
                    model={"n_heads": heads, "ffn_hidden": 4 * cfg.trained_width}),
     ]

@@ -25,7 +25,8 @@ def render_markdown(results: dict) -> str:
              f"Mode **{s['mode']}**; ρ: {', '.join(s['rhos'])}; datasets: {', '.join(s['datasets'])}, "
              f"{s['samples']} random held-out sentences each (seed {s['seed']}), truncated at "
              f"{', '.join(f'{d} {n}' for d, n in s['max_lengths'].items())} tokens; frozen MiniLM word-piece "
-             f"embeddings, the same sentences for every ρ. Models: the certified preset ({arch}): *random* = tied "
+             f"embeddings, the same sentences for every ρ. Models: the alternating layer, `certified-alternating` "
+             f"({arch}): *random* = tied "
              "model at initialisation, identical weights for every ρ (only the kernel differs); *random-joint* = the "
              "same with the joint layer (THEORY §3.7: one step on the whole layer energy); *trained-tied* / "
              "*trained-untied* / *trained-joint* = trained models of each ρ. "
@@ -164,11 +165,11 @@ def _accuracy(results: dict) -> list[str]:
     for rho, by_dataset in acc.items():
         cells = []
         for dataset in ("sst2", "imdb"):
-            for kind in ("certified-tied", "certified-untied"):
+            for kind in ("certified-alternating", "certified-alternating-untied"):
                 c = by_dataset.get(dataset, {}).get(kind)
                 cells.append("not run yet" if c is None else
                              f"{100 * c['accuracy']:.1f}" + (" (reduced)" if c["budget"] != "full" else ""))
-        train = speed["training"].get(rho, {}).get("certified-tied", {})
+        train = speed["training"].get(rho, {}).get("certified-tied", {})     # the speed files' 0.2.0 name
         train_cell = " / ".join(f"{train[n]:.2f}×" for n in sorted(train)) if train else "–"
         if rho == "exp":
             train_cell = "1.00×"

@@ -16,16 +16,21 @@ from pathlib import Path
 import torch
 
 from ..classifier import SequenceClassifier
+from ..names import KINDS_BEFORE_0_3
+from ..recipe import TrainConfig
 from ..train.build import build_classifier
 from ..train.checkpoint import CheckpointError, load_classifier
-from ..train.config import TrainConfig
 from .settings import QUICK_TRAINING, RhoStudySettings
 
 __all__ = ["SOURCES", "Source", "cell_name", "is_random", "random_model", "trained_model"]
 
-#: label -> model kind of the accuracy benchmark; `random*` labels are that kind at initialisation (tied)
-SOURCES = {"random": "certified-tied", "random-joint": "certified-joint", "trained-tied": "certified-tied",
-           "trained-untied": "certified-untied", "trained-joint": "certified-joint"}
+#: label -> model kind of the accuracy benchmark; `random*` labels are that kind at initialisation (tied).
+#: The study's ρ question is about the alternating layer (its attention sub-step); `-joint` labels the joint one.
+SOURCES = {"random": "certified-alternating", "random-joint": "certified", "trained-tied": "certified-alternating",
+           "trained-untied": "certified-alternating-untied", "trained-joint": "certified"}
+#: Kind -> the name in the accuracy benchmark's result files, which keep the kind names of version 0.2.0
+#: (`KINDS_BEFORE_0_3`) so that the results recorded then stay theirs.
+RESULT_LABELS = {new: old for old, new in KINDS_BEFORE_0_3.items()}
 
 
 def is_random(label: str) -> bool:
@@ -50,8 +55,8 @@ class Source:
 
 
 def cell_name(dataset: str, kind: str, rho: str, seed: int, reduced: bool = False) -> str:
-    """The accuracy benchmark's result name of a cell (exp cells carry no ρ tag)."""
-    return (f"{dataset}-{kind}" + ("" if rho == "exp" else f"-rho_{rho}") + f"-seed{seed}"
+    """The accuracy benchmark's result name of a cell (exp cells carry no ρ tag; kinds as `RESULT_LABELS`)."""
+    return (f"{dataset}-{RESULT_LABELS.get(kind, kind)}" + ("" if rho == "exp" else f"-rho_{rho}") + f"-seed{seed}"
             + ("-reduced" if reduced else ""))
 
 

@@ -79,7 +79,7 @@ def accuracy_table(results_dir: str | None, rhos: list[str], datasets: list[str]
     out: dict = {}
     for rho in rhos:
         for dataset in datasets:
-            for kind in ("certified-tied", "certified-untied"):
+            for kind in ("certified-alternating", "certified-alternating-untied"):
                 cell = None
                 for reduced in (False, True):
                     path = Path(results_dir or "") / f"{cell_name(dataset, kind, rho, seed, reduced)}.json"

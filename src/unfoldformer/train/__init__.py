@@ -21,8 +21,8 @@ weights; its sha256 is, and the table is rebuilt from `data.embeddings` and chec
 """
 from __future__ import annotations
 
+from ..recipe import KINDS, ConfigError, TrainConfig
 from .checkpoint import CheckpointError, LoadedClassifier, load_classifier
-from .config import KINDS, ConfigError, TrainConfig
 from .evaluate import evaluate_checkpoint
 from .loop import TrainingDivergedError, train
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..recipe import TrainConfig
 from ..runs import resolve_device
-from .config import TrainConfig
 
 __all__ = ["DistInfo", "setup_distributed"]
 

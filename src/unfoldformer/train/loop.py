@@ -29,7 +29,8 @@ from ..contracts import NonFiniteResultError
 from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
-from ..runs import MANIFEST_NAME, folder_lock, new_run_id, write_manifest
+from ..recipe import ConfigError, TrainConfig
+from ..runs import MANIFEST_NAME, folder_lock, new_run_id, verify_manifest, write_manifest
 from ..utils import atomic_write_text, environment, write_json
 from .build import (
     _seed_all,
@@ -55,7 +56,6 @@ from .checkpoint import (
     table_sha256,
     weights_sha256,
 )
-from .config import ConfigError, TrainConfig
 from .distributed import DistInfo, setup_distributed
 from .evaluate import EvalSums, encoder_depth, evaluate, in_training_eval_batches
 from .figures import FIGURES, plot_run
@@ -184,7 +184,10 @@ class Trainer:
 
     # --- loop
     def run(self) -> dict:
-        if self.state["finished"]:
+        if self.state["finished"]:                             # done only when complete.json vouches for it all
+            if self.dist.main and verify_manifest(self.out) is None:
+                self.log = None
+                self._final_files()                            # stopped while writing them: write them now
             return self._summary()
         self._wall_base = self.state["wall_time"]
         self.log = None
@@ -246,6 +249,9 @@ class Trainer:
         value = loss_sum.item()
         if not math.isfinite(value):
             raise self._diverged(f"the training loss is {value} (rank {d.rank})")
+        bad = next((name for name, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+        if bad is not None:                                      # the loss was finite, a parameter is not
+            raise self._diverged(f"parameter {bad!r} is no longer finite after the optimiser step")
         self._last_loss = value / max(len(part), 1)
         self.state["train_time"] += time.perf_counter() - start
         lengths = self.train_lengths[batch]
@@ -367,15 +373,20 @@ class Trainer:
         self.state["rank_weights_sha256"] = digests
         self._checkpoint()
         if self.dist.main:
-            save_weights(self.out / "last.safetensors", self.model, self.cfg,
-                         {"run_id": self.run_id, "metrics": self.state["metrics"][-1],
-                          "label_names": list(self.label_names)}, self.table_sha)
-            write_json(self.out / "summary.json", self._summary())
-            self.log.close()
-            if self.cfg.run.plots:
-                plot_run(self.out)
-            write_manifest(self.out, "train", self.run_id, self.cfg.to_dict())   # last: pins every file
+            self._final_files()
         return self._summary()
+
+    def _final_files(self) -> None:
+        """last.safetensors, summary.json, the figures, then complete.json (last: it pins every file)."""
+        save_weights(self.out / "last.safetensors", self.model, self.cfg,
+                     {"run_id": self.run_id, "metrics": self.state["metrics"][-1],
+                      "label_names": list(self.label_names)}, self.table_sha)
+        write_json(self.out / "summary.json", self._summary())
+        if self.log is not None:
+            self.log.close()
+        if self.cfg.run.plots:
+            plot_run(self.out)
+        write_manifest(self.out, "train", self.run_id, self.cfg.to_dict())   # last: pins every file
 
     def _summary(self) -> dict:
         st = self.state
@@ -411,7 +422,23 @@ def _claim_folder(out: Path, resume: bool, overwrite: bool) -> None:
 def train(cfg: TrainConfig, resume: bool = False) -> dict:
     """Validate `cfg` (before anything else), lock the run folder, train, and return the run summary.
 
-    Under torchrun (WORLD_SIZE > 1) each process runs this; only rank 0 writes files and holds the lock.
+    The Python form of `unfoldformer train`. Under torchrun (WORLD_SIZE > 1) each process runs this; only
+    rank 0 writes files and holds the lock.
+
+    Args:
+        cfg: a `TrainConfig` (`TrainConfig()` is the `certified` joint model on SST-2).
+        resume: continue the run in `cfg.run.out_dir` from its last checkpoint (a new run if none).
+
+    Returns:
+        The run summary (also `summary.json`): steps, the best and final evaluation, run id. The folder
+        holds `best.safetensors`, `last.safetensors`, `checkpoint.pt`, `metrics.csv`, `config.json` and
+        the manifest `complete.json`; `uf.load(cfg.run.out_dir)` opens it for prediction.
+
+    Example:
+        >>> from unfoldformer.train import TrainConfig, train
+        >>> cfg = TrainConfig().replace(data__dataset="sst2", optim__epochs=1, run__out_dir="runs/sst2")
+        >>> summary = train(cfg)                                   # doctest: +SKIP
+        >>> best = summary.get("best")                              # doctest: +SKIP
     """
     cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")), check_output=True)
     main = int(os.environ.get("RANK", "0")) == 0

@@ -9,7 +9,9 @@ E(Y⁽ᵀ⁾)/n (n = the sample's real tokens). Each evaluation adds an `eval` r
 checkpointed training state: `metrics.csv` is rewritten whole (atomically) when a run starts or
 resumes, then appended row by row, so a resumed run's file holds exactly the rows of its steps.
 TensorBoard (`torch.utils.tensorboard`, optional package `tensorboard`) gets the same scalars in
-`out_dir/tensorboard`; a resumed run purges the events logged after its checkpoint.
+`out_dir/tensorboard`; a resumed run purges the log (a TensorBoard session start at step 0) and logs the
+checkpoint's rows again, so the log holds exactly the rows of `metrics.csv`: every point before the
+checkpoint, its own step's included, once.
 """
 from __future__ import annotations
 
@@ -47,13 +49,19 @@ def grad_norm(parameters) -> float:
 
 @torch.no_grad()
 def curve_statistics(model, ids: torch.Tensor, mask: torch.Tensor) -> dict:
-    """Never-rising share and mean per-token energies of a batch (unfolded encoders; {} otherwise)."""
+    """Never-rising share and mean per-token energies of a batch (unfolded encoders; {} otherwise). A tied
+    model's share is of curves that never rise; an untied model has one energy per layer, so its share is of
+    samples whose every layer lowers its own E_ℓ (the reported values are not one curve)."""
     if not isinstance(model.encoder, UnfoldedTransformer):
         return {}
     _, out = model(ids, mask, return_energies=True)
     curve = out.energies                                                   # (B, T + 1) float64
     per_token = out.energies_per_token(mask)                               # (B, T + 1) float64
-    never = lowered(curve[:, :-1], curve[:, 1:], descent_tolerance(out.hidden.dtype)).all(1)   # (B,)
+    tol = descent_tolerance(out.hidden.dtype)
+    if model.encoder.config.tied:
+        never = lowered(curve[:, :-1], curve[:, 1:], tol).all(1)                  # (B,) one energy's curve
+    else:
+        never = lowered(out.layer_before, out.layer_after, tol).all(1)            # (B,) each layer its own E_ℓ
     return {"never_rising_share": float(never.double().mean()),
             "energy_per_token_first": float(per_token[:, 0].mean()),
             "energy_per_token_last": float(per_token[:, -1].mean())}
@@ -86,10 +94,15 @@ class MetricsLog:
             except ImportError:
                 note("TensorBoard is not installed (pip install tensorboard): no TensorBoard log")
             else:
-                self._writer = SummaryWriter(str(out / "tensorboard"), purge_step=start_step or None)
+                self._writer = SummaryWriter(str(out / "tensorboard"), purge_step=0 if start_step else None)
 
     def rewrite(self, steps: list[dict], evals: list[dict]) -> None:
+        """metrics.csv holds exactly these rows; TensorBoard (purged when the writer opened) gets them again."""
         atomic_write_text(self.path, _csv(_rows(steps, evals), header=True))
+        if self._writer is not None:
+            for row in _rows(steps, evals):
+                self._scalars(row, row["row"])
+            self._writer.flush()
 
     def add(self, row: dict, kind: str) -> None:
         """Append one row (`kind` "step" or "eval") and send its values to TensorBoard."""
@@ -97,12 +110,15 @@ class MetricsLog:
             handle.write(_csv([{"row": kind, **row}], header=False))
             handle.flush()
         if self._writer is not None:
-            for key, tag in TAGS.items():
-                if kind == "eval" and key not in ("eval_accuracy", "eval_loss", "train_loss"):
-                    continue
-                if row.get(key) is not None:
-                    self._writer.add_scalar(tag, row[key], row["step"])
+            self._scalars(row, kind)
             self._writer.flush()
+
+    def _scalars(self, row: dict, kind: str) -> None:
+        for key, tag in TAGS.items():
+            if kind == "eval" and key not in ("eval_accuracy", "eval_loss", "train_loss"):
+                continue
+            if row.get(key) is not None:
+                self._writer.add_scalar(tag, row[key], row["step"])
 
     def close(self) -> None:
         if self._writer is not None:

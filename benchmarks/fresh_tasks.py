@@ -1,0 +1,173 @@
+"""Fresh tasks at default settings: certified models against `nn.TransformerEncoder` on tasks nobody here tuned for.
+
+    python benchmarks/fresh_tasks.py run --task digits --model joint-tied --lr 3e-3 --seed 0
+    python benchmarks/fresh_tasks.py run --task keywords --model standard --seed 0      # through the CLI
+    python benchmarks/fresh_tasks.py run --task listops --model joint-tied --seed 0
+
+Each cell writes benchmarks/results/fresh/TASK-MODEL-lrLR-seedS.json (accuracy, final training loss, parameters,
+step time, settings); `make_docs.py` builds the table of docs/results/fresh.md from those files.
+
+Tasks (data: `fresh_data.py`, every generator seeded):
+- `digits`: sklearn's 8 × 8 digits as 16 tokens of 2 × 2 pixels (row-major patches), a linear input map to width 64
+  plus a learned position table, 4 layers, 4 heads, FFN 256, a final LayerNorm, mean pooling, a linear head; AdamW
+  (weight decay 0.01), batch 64, 600 steps, constant lr; 1,437 training and 360 test images (a fixed seeded split).
+- `keywords`: a 3-topic keyword CSV (240 rows, `fresh_data.keyword_csv`, seed 0) trained with the command line,
+  `python -m unfoldformer train --data.train_file F --model.d_model 16 --model.depth 2 --optim.epochs 3`, every
+  other setting the CLI's default (lr 1e-3 unless `--lr`), scored on the CLI's held-out 10 % (24 rows).
+- `listops`: ListOps with LRA's rules (MAX, MIN, MED, SM over digits, nested; `fresh_data.listops_tokens`) reduced
+  to fit two shared CPU cores: 2,000 training and 500 test expressions of at most 512 tokens (depth ≤ 10, ≤ 10
+  arguments), width 64, 4 layers, batch 32, 300 steps; otherwise as `digits` (token embeddings instead of patches).
+
+Models: `standard` (pre-LN `nn.TransformerEncoder`, GELU, dropout 0, final LayerNorm), `joint-tied` and
+`joint-untied` (the `certified` preset through `CertifiedEncoder`, THEORY §3.7), `alternating-tied` (the
+`certified-alternating` preset, for reference). Certified models take the preset's defaults: nothing is tuned per task.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import fresh_data
+import unfoldformer as uf
+from unfoldformer.config import ModelConfig
+from unfoldformer.utils import write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "fresh"
+MODELS = ("standard", "joint-tied", "joint-untied", "alternating-tied")
+#: The CLI's `model.kind` of each model (keywords).
+CLI_KINDS = {"standard": "standard", "joint-tied": "certified", "joint-untied": "certified-untied",
+             "alternating-tied": "certified-alternating"}
+#: Per task: width, depth, steps, batch, default lr (the issue's settings).
+SETTINGS = {"digits": dict(width=64, depth=4, steps=600, batch=64, lr=3e-3),
+            "listops": dict(width=64, depth=4, steps=300, batch=32, lr=1e-3),
+            "keywords": dict(width=16, depth=2, epochs=3, lr=1e-3)}
+
+
+def encoder(model: str, width: int, depth: int, overrides: dict | None = None) -> nn.Module:
+    """The model's encoder with 4 heads and FFN 4·width; a final LayerNorm follows in `Classifier`. `overrides`:
+    `ModelConfig` fields of a certified model (the diagnosis runs; the suite itself uses none)."""
+    if model == "standard":
+        layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        return nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+    preset = "certified-alternating" if model.startswith("alternating") else "certified"
+    cfg = ModelConfig.preset(preset, d_model=width, n_heads=4, ffn_hidden=4 * width, depth=depth,
+                             tied=not model.endswith("untied"), **(overrides or {}))
+    return uf.CertifiedEncoder.from_config(cfg)
+
+
+class Classifier(nn.Module):
+    """Input map (+ learned positions) → encoder → final LayerNorm → mean over real tokens → linear head."""
+
+    def __init__(self, model: str, inputs, n_tokens: int, width: int, depth: int, n_classes: int,
+                 overrides: dict | None = None):
+        super().__init__()
+        self.inputs = inputs()                                     # built here, after the seed is set
+        self.positions = nn.Parameter(0.02 * torch.randn(n_tokens, width))
+        self.encoder = encoder(model, width, depth, overrides)
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, n_classes)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.inputs(x) + self.positions[: x.shape[1]]          # (B, n, width)
+        h = self.norm(self.encoder(h, src_key_padding_mask=pad))   # (B, n, width)
+        return self.head(uf.classifier.masked_mean(h, pad))        # (B, C)
+
+
+def _data(task: str):
+    """(x_train, pad_train, y_train, x_test, pad_test, y_test, input map factory, tokens, classes)."""
+    if task == "digits":
+        x, y = fresh_data.digits_patches()
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
+        tr, te = order[:1437], order[1437:]
+        return x[tr], None, y[tr], x[te], None, y[te], lambda: nn.Linear(4, SETTINGS[task]["width"]), 16, 10
+    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(2000, seed=0)
+    ids_te, pad_te, y_te = fresh_data.listops_tokens(500, seed=1)
+    n = max(ids_tr.shape[1], ids_te.shape[1])
+    grow = lambda t, fill: torch.nn.functional.pad(t, (0, n - t.shape[1]), value=fill)   # noqa: E731
+    table = lambda: nn.Embedding(len(fresh_data.LISTOPS_VOCAB), SETTINGS[task]["width"], padding_idx=0)  # noqa: E731
+    return (grow(ids_tr, 0), grow(pad_tr, True), y_tr, grow(ids_te, 0), grow(pad_te, True), y_te, table, n, 10)
+
+
+def run_in_process(task: str, model: str, lr: float, seed: int, overrides: dict | None = None) -> dict:
+    s = SETTINGS[task]
+    xtr, ptr, ytr, xte, pte, yte, inputs, n_tokens, n_classes = _data(task)
+    torch.manual_seed(seed)
+    net = Classifier(model, inputs, n_tokens, s["width"], s["depth"], n_classes, overrides)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
+    g = torch.Generator().manual_seed(seed)
+    losses, start = [], time.perf_counter()
+    for _ in range(s["steps"]):
+        idx = torch.randint(0, len(ytr), (s["batch"],), generator=g)
+        pad = None if ptr is None else ptr[idx]
+        loss = nn.functional.cross_entropy(net(xtr[idx], pad), ytr[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    step_ms = 1000 * (time.perf_counter() - start) / s["steps"]
+    net.eval()
+    with torch.no_grad():
+        correct = sum(int((net(xte[i:i + 256], None if pte is None else pte[i:i + 256]).argmax(1)
+                           == yte[i:i + 256]).sum()) for i in range(0, len(yte), 256))
+    return {"accuracy": correct / len(yte), "train_loss": sum(losses[-50:]) / len(losses[-50:]),
+            "params": sum(p.numel() for p in net.parameters()), "step_ms": step_ms, "test_examples": len(yte),
+            "settings": s | {"lr": lr}}
+
+
+def run_keywords(model: str, lr: float, seed: int, overrides: dict | None = None) -> dict:
+    s = SETTINGS["keywords"]
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out = Path(tmp) / "keywords.csv", Path(tmp) / "run"
+        data.write_text(fresh_data.keyword_csv(240, seed=0))
+        cmd = [sys.executable, "-m", "unfoldformer", "train", "--data.train_file", str(data),
+               "--model.kind", CLI_KINDS[model], "--model.d_model", str(s["width"]), "--model.depth", str(s["depth"]),
+               "--optim.epochs", str(s["epochs"]), "--optim.lr", str(lr), "--optim.seed", str(seed),
+               "--run.out_dir", str(out), "--run.progress", "false", "--run.plots", "false",
+               "--run.tensorboard", "false", "--run.threads", "1"]
+        for name, value in (overrides or {}).items():
+            cmd += [f"--model.{name}", str(value)]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        summary = json.loads((out / "summary.json").read_text())
+    final = summary["final"]
+    return {"accuracy": final["eval"]["accuracy"] if "eval" in final else final.get("eval_accuracy"),
+            "train_loss": final.get("train_loss", final.get("loss")), "params": final.get("params"),
+            "step_ms": 1000 * summary["train_time_s"] / max(summary["steps"], 1), "steps": summary["steps"],
+            "settings": s | {"lr": lr}, "final": final}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one cell: task, model, lr, seed")
+    run.add_argument("--task", choices=tuple(SETTINGS), required=True)
+    run.add_argument("--model", choices=MODELS, required=True)
+    run.add_argument("--lr", type=float, default=None, help="default: the task's (SETTINGS)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                     help="ModelConfig overrides of a certified model (diagnosis only), e.g. anchor_weight=16")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    lr = SETTINGS[args.task]["lr"] if args.lr is None else args.lr
+    overrides = {k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
+                 for k, v in (item.split("=", 1) for item in args.set)}
+    record = run_keywords(args.model, lr, args.seed, overrides) if args.task == "keywords" else \
+        run_in_process(args.task, args.model, lr, args.seed, overrides)
+    record = {"task": args.task, "model": args.model, "lr": lr, "seed": args.seed, **record,
+              "default_lr": lr == SETTINGS[args.task]["lr"], "threads": 1, "overrides": overrides}
+    tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    folder = OUT / "diagnosis" if overrides else OUT                # the table reads only the suite's cells
+    write_json(folder / f"{args.task}-{args.model}{tag}-lr{lr:g}-seed{args.seed}.json", record)
+    print(json.dumps({k: record[k] for k in ("task", "model", "lr", "seed", "accuracy", "train_loss")}))
+
+
+if __name__ == "__main__":
+    main()

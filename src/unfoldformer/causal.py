@@ -1,0 +1,251 @@
+"""The causal joint step: one MM step per token on its conditional energy (THEORY §3.11).
+
+A decoder layer reads its input Ȳ (B, n, d) and the decoder's input X. Token i's conditional energy given the
+context Ȳ_{≤i}, in the library's units (THEORY's divided by λ, as in `joint.py`):
+
+    E_i(y | Ȳ) = w_i Σ_h Σ_{j≤i, real} ρ(½ s_h² ‖(y − ȳ_j) U_h‖²) + λ⁻¹ (½‖y − x_i‖² + γ E_H(y)),
+
+w_i = 1/m_i with `attention_norm="length"` (m_i = the real tokens j ≤ i, i included), else 1; E_H on the one
+row y. Linearising ρ at Ȳ and −½‖ReLU(·)‖² at ȳ_i gives one isotropic quadratic per token and head, whose
+Jacobi step (ν_{h,i} = λ s_h² w_i, β_ij = ρ'(z_ij(Ȳ)), d_i = Σ_{j≤i} β_ij)
+
+    c_i⁺ = (1 − α) c̄_i + α (ν Σ_{j≤i} β_ij c̄_j + x̃_i + γ r̃_i) / (ν d_i + 1 + γ)
+
+lowers E_i for every token, any weights, α ∈ (0, 1]. It is the anchored step of `steps.anchored_softmax_update`
+with the anchor p = (x̃ + γ r̃)/(1 + γ), ν/(1 + γ), and the causal pass *with* the diagonal (β_ii = ρ'(0) is
+the self pair ȳ_i, part of E_i): target = p + σ(log ν' + log d_i)(o_i − p), o_i the causal average.
+
+ρ = exp: the pass is causal softmax attention with q = k = v per head and the key-norm bias, folded into one
+extra coordinate (q̃_i = [a_i, 1], k̃_j = [a_j, −½‖a_j‖²]) so the device's fused kernel runs in its causal mode
+with scale 1 and no n × n mask (`softmax.softmax_with_lse(..., causal=True)`); log d_i = LSE_i − ½‖a_i‖².
+Other ρ: the n × n weights ρ'(z_ij) of each head, masked (O(n²) memory per head; the blocked kernel of
+`kernels.py` writes only a block's rows in its backward because K is symmetric, which a causal mask breaks).
+
+Features are centred on each sample's first real token (a causal choice: a shift of every a_j leaves every
+z_ij unchanged, and token i's result depends on tokens j ≤ i only), and the pass runs in float64 where the
+float32 Gram-form logits' bound exceeds `softmax.PRECISION_TARGET` (THEORY §3.10).
+
+`conditional_energies` evaluates E_i in float64 from explicit differences y − ȳ_j (chunked over query rows).
+The sequence energy G(Y) = Σ_i E_i(y_i | Y) is its sum with y = ȳ = Y: a measurement, not certified.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F_nn
+from torch import Tensor
+
+from .descent import descent_tolerance, lowered
+from .positions import rope_tables, rotate_heads
+from .rho import Rho, get_rho
+from .rotated import _Frame, _frame, _hidden
+from .softmax import PRECISION_TARGET, key_bias, logit_error_bound, softmax_with_lse
+from .steps import toward
+
+__all__ = ["DecoderOutput", "causal_joint_step", "causal_log_weight", "causal_targets", "causal_trace",
+           "conditional_energies", "visible_counts"]
+
+_CHUNK_ELEMENTS = 1 << 22       # float64 entries of one (B, c, n, d) block of pair differences: 32 MiB
+
+
+def visible_counts(valid: Tensor) -> Tensor:
+    """m_i: the real tokens j ≤ i, at least 1: (B, n) bool -> (B, n) in valid's device, int64."""
+    return valid.long().cumsum(1).clamp_min(1)
+
+
+def causal_log_weight(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """log w_i = −log m_i (B, n) (length normalisation over the visible tokens)."""
+    return -visible_counts(valid).to(dtype).log()
+
+
+def _first_real(C: Tensor, valid: Tensor) -> Tensor:
+    """Each sample's first real row of C (B, n, H, k): (B, 1, H, k) (row 0 where none is real)."""
+    first = valid.to(torch.int8).argmax(1)                          # (B,)
+    return C[torch.arange(C.shape[0], device=C.device), first][:, None]
+
+
+def _features(C: Tensor, scales: Tensor, valid: Tensor) -> Tensor:
+    """a = s_h (c − c_first) (B, n, H, dh): the same z_ij, the common part removed causally."""
+    return (C - _first_real(C, valid)) * scales.to(C.dtype)[:, None]
+
+
+def _needs_float64(a: Tensor, valid: Tensor) -> bool:
+    if a.dtype == torch.float64 or a.shape[1] < 2:
+        return False
+    radius_sq = (a.detach() * a.detach()).sum(-1).where(valid[..., None], 0.0).max()
+    return float(logit_error_bound(radius_sq, a.shape[-1], a.dtype)) > PRECISION_TARGET
+
+
+def _softmax_average(a: Tensor, C: Tensor, valid: Tensor, last_only: bool) -> tuple[Tensor, Tensor]:
+    """ρ = exp: (o_i (B, q, H, dh), log d_i (B, q, H)) over j ≤ i, q = n (or 1: the last token, every key)."""
+    half = 0.5 * a.square().sum(-1, keepdim=True)                   # (B, n, H, 1) ½‖a_j‖²
+    q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1) [a_i, 1]
+    k = torch.cat([a, key_bias(valid, a.dtype) - half], dim=-1)    # (B, n, H, dh + 1) [a_j, −½‖a_j‖²]
+    v = torch.cat([C, torch.zeros_like(half)], dim=-1)             # (B, n, H, dh + 1) last column 0 (LSE gradient)
+    if last_only:
+        q, half = q[:, -1:], half[:, -1:]                          # the new token sees every key: no mask at all
+    out, lse = softmax_with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
+                                causal=not last_only)             # (B, H, q, dh + 1), (B, H, q)
+    return out.transpose(1, 2)[..., :-1], lse.transpose(1, 2) - half[..., 0]
+
+
+def _dense_average(a: Tensor, C: Tensor, valid: Tensor, rho: Rho, last_only: bool) -> tuple[Tensor, Tensor]:
+    """Other ρ: (Σ_j β_ij c_j / d_i, log d_i) from the masked n × n weights of each head."""
+    n = a.shape[1]
+    at, Ct = a.transpose(1, 2), C.transpose(1, 2)                  # (B, H, n, ·)
+    rows = at[:, :, -1:] if last_only else at                      # (B, H, q, dh)
+    sq = at.square().sum(-1)                                       # (B, H, n)
+    z = (0.5 * (sq[:, :, -rows.shape[2]:, None] + sq[:, :, None, :]) - rows @ at.transpose(-1, -2)).clamp_min(0)
+    i = torch.arange(n - rows.shape[2], n, device=a.device)[:, None]
+    seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
+    beta = torch.where(seen, rho.derivative(z), 0.0)               # (B, H, q, n)
+    deg = beta.sum(-1, keepdim=True)                               # (B, H, q, 1) ≥ ρ'(0) > 0 for a real query
+    avg = (beta @ Ct) / deg.clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, q, dh)
+    return avg.transpose(1, 2), deg[..., 0].clamp_min(torch.finfo(a.dtype).tiny).log().transpose(1, 2)
+
+
+def causal_targets(C: Tensor, P: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor, rho: str | Rho, *,
+                   last_only: bool = False) -> Tensor:
+    """t_i = (ν' Σ_{j≤i} β_ij c_j + p_i)/(ν' d_i + 1) per token and head (module doc), the step's full-α target.
+
+    C (B, n, H, dh) head coordinates of the layer's input (rotated with rotary positions), P (B, q, H, dh) the
+    anchors p, `scales` (H,) s_h, `log_nu` log ν' broadcastable to (B, q, H), `valid` (B, n) True = real.
+    `last_only`: only the last token's target (q = 1; it sees every key), for generation with a cache.
+    """
+    r = get_rho(rho)
+    a = _features(C, scales, valid)                                # (B, n, H, dh)
+    Cw = C
+    if _needs_float64(a, valid):                                   # far groups, large norms: the pass in float64
+        a, Cw = _features(C.double(), scales.double(), valid), C.double()
+    avg, log_deg = (_softmax_average(a, Cw, valid, last_only) if r.softmax
+                    else _dense_average(a, Cw, valid, r, last_only))   # (B, q, H, dh), (B, q, H)
+    gate = torch.sigmoid(log_nu.to(log_deg.dtype) + log_deg)[..., None]   # (B, q, H, 1) ν'd/(ν'd + 1)
+    return torch.lerp(P.to(avg.dtype), avg, gate).to(C.dtype)
+
+
+def conditional_energies(Y: Tensor, context: Tensor, X: Tensor, heads, scales: Tensor, W: Tensor | None,
+                         b: Tensor | None, lam: float, gamma: float | Tensor, rho: str | Rho, valid: Tensor,
+                         length_norm: bool) -> Tensor:
+    """E_i(y_i | context) for every token, (B, n) float64 (0 at padded rows); module doc.
+
+    Y, context, X (B, n, d) in one basis (a layer's); `heads` maps (B, n, d) to its head coordinates (B, n, H, dh)
+    (rotated with rotary positions); `scales` (H,); W (d, m), b (m,) the tied FFN in that basis (None: no FFN).
+    Every operand is converted to float64; attention terms from explicit differences y_i − ȳ_j."""
+    r = get_rho(rho)
+    Yd, Cd, Xd = Y.double(), context.double(), X.double()
+    s = scales.double()[:, None]                                   # (H, 1)
+    a_new, a_ctx = heads(Yd) * s, heads(Cd) * s                    # (B, n, H, dh)
+    B, n, H, dh = a_new.shape
+    seen = valid[:, None, :] & torch.ones(n, n, dtype=torch.bool, device=Y.device).tril()   # (B, n, n) j ≤ i, real
+    step = max(1, _CHUNK_ELEMENTS // max(1, B * n * H * dh))
+    attention = []
+    for s0 in range(0, n, step):
+        e0 = min(n, s0 + step)
+        diff = a_new[:, s0:e0, None] - a_ctx[:, None, :]           # (B, c, n, H, dh) y_i − ȳ_j per head
+        z = 0.5 * diff.square().sum(-1)                            # (B, c, n, H)
+        vals = torch.where(seen[:, s0:e0, :, None], r.value(z), 0.0)
+        attention.append(vals.sum((-1, -2)))                       # (B, c)
+    e_attention = torch.cat(attention, dim=1)                      # (B, n)
+    if length_norm:
+        e_attention = e_attention / visible_counts(valid).double()
+    rest = 0.5 * (Yd - Xd).square().sum(-1)                        # (B, n) ½‖y_i − x_i‖²
+    if W is not None:
+        hidden = torch.relu(Yd @ W.double() + b.double())          # (B, n, m)
+        g = gamma.double() if isinstance(gamma, Tensor) else float(gamma)
+        rest = rest + g * 0.5 * (Yd.square().sum(-1) - hidden.square().sum(-1))
+    return torch.where(valid, e_attention + rest / lam, 0.0)
+
+
+def causal_joint_step(f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, alpha: float | Tensor, rotary: bool, *,
+                      last_only: bool = False) -> Tensor:
+    """One causal joint layer (frame `f`, α) in its basis: Y (B, n, d) the layer's input, Xr (B, q, d) the query
+    rows' anchors (q = n, or 1 with `last_only`: the last token only, for a cache) -> (B, q, d)."""
+    layer = f.layer
+    H, (B, n, d) = layer.attention.H, Y.shape
+    dh = d // H
+    Yq = Y[:, -1:] if last_only else Y                             # (B, q, d) the query rows
+    q = Yq.shape[1]
+    R = F_nn.linear(_hidden(Yq, f), f.W)                           # (B, q, d) r̃ = ReLU(ỹ W̃ + b) W̃ᵀ
+    P = layer.anchor_mix(Xr, R).reshape(B, q, H, dh)               # (B, q, H, dh) (x̃ + γ r̃)/(1 + γ)
+    C = Y.reshape(B, n, H, dh)                                     # (B, n, H, dh)
+    tables = rope_tables(n, dh, Y.dtype, Y.device) if rotary else None
+    rows = None if tables is None else (tables[0][n - q:], tables[1][n - q:])
+    if tables is not None:                                         # rotated coordinates (THEORY §3.9)
+        C, P = rotate_heads(C, tables), rotate_heads(P, rows)
+    gamma = layer.gamma
+    log_nu = f.log_nu - (torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma))   # (H,)
+    if layer.attention.length_norm:                                # ν_{h,i} = λ s_h²/m_i
+        log_nu = log_nu + causal_log_weight(valid, Y.dtype)[:, n - q:, None]                # (B, q, H)
+    target = causal_targets(C, P, f.scales, log_nu, valid, layer.attention.rho, last_only=last_only)
+    new = toward(C[:, n - q:], target, alpha)                      # (B, q, H, dh)
+    if rows is not None:
+        new = rotate_heads(new, rows, inverse=True)
+    return new.reshape(B, q, d)
+
+
+@dataclass
+class DecoderOutput:
+    """A causal stack's forward with `return_energies=True`. B = batch, n = tokens, T = depth; energies float64.
+
+    Args:
+        hidden (`Tensor` (B, n, d)): the final states (padded rows: the input's).
+        token_before (`Tensor` (B, T, n)): E_ℓ,i(ȳ_i | Ȳ), token i's conditional energy under layer ℓ at its input.
+        token_after (`Tensor` (B, T, n)): E_ℓ,i(y⁺_i | Ȳ) at its output, the same context: never above
+            `token_before` (certified, THEORY §3.11), up to round-off (`token_lowered`).
+        sequence_before, sequence_after (`Tensor` (B, T)): G_ℓ(Y) = Σ_i E_ℓ,i(y_i | Y), the context moving with the
+            states, at the layer's input and output: a **measurement, not certified**.
+        valid (`Tensor` (B, n) bool): True = real token.
+    """
+
+    hidden: Tensor
+    token_before: Tensor
+    token_after: Tensor
+    sequence_before: Tensor
+    sequence_after: Tensor
+    valid: Tensor
+
+    def token_lowered(self, tol: float | None = None) -> Tensor:
+        """(B, T, n) bool: layer ℓ did not raise token i's conditional energy beyond tol·(1 + |E|) (default: the
+        states' `descent_tolerance`); True at padded tokens."""
+        tol = descent_tolerance(self.hidden.dtype) if tol is None else tol
+        return lowered(self.token_before, self.token_after, tol) | ~self.valid[:, None, :]
+
+    def token_descent_share(self, tol: float | None = None) -> float:
+        """Share of real tokens whose conditional energy no layer raised."""
+        every = self.token_lowered(tol).all(1)                     # (B, n)
+        return float(every[self.valid].double().mean()) if bool(self.valid.any()) else 1.0
+
+
+def _layer_energies(f64: _Frame, Z: Tensor, context: Tensor, Xr: Tensor, valid: Tensor) -> Tensor:
+    """E_i(z_i | context) (B, n) float64 for the layer of frame `f64` (its float64 operators) in its basis."""
+    att = f64.layer.attention
+
+    def heads(W: Tensor) -> Tensor:                                 # (B, n, d) -> (B, n, H, dh), rotated if rotary
+        B, n, d = W.shape
+        C = W.reshape(B, n, att.H, d // att.H)
+        return rotate_heads(C, rope_tables(n, d // att.H, W.dtype, W.device)) if att.rotary else C
+
+    return conditional_energies(Z, context, Xr, heads, f64.scales, f64.W, f64.b, att.lam, f64.layer.gamma, att.rho,
+                                valid, att.length_norm)
+
+
+def causal_trace(stack, depth: int) -> DecoderOutput:
+    """The causal forward of a `joint.JointStack` with every token's conditional energy before and after every
+    layer and the measured sequence energy, evaluated in float64 from the states (operators converted exactly)."""
+    Y, valid = stack.start(), stack.valid
+    names = ("token_before", "token_after", "sequence_before", "sequence_after")
+    out = {name: [] for name in names}
+    for ell in range(depth):
+        f = stack.frame(ell)
+        f64, Xr = _frame(f.layer, torch.float64), stack.anchor(ell)
+        Y_new = stack._joint(f, Y, Xr, valid, 1.0, None)
+        energies = lambda Z, context: _layer_energies(f64, Z, context, Xr, valid)   # noqa: B023, E731
+        before = energies(Y, Y)                                    # (B, n)
+        out["token_before"].append(before)
+        out["token_after"].append(energies(Y_new, Y))
+        out["sequence_before"].append(before.sum(1))
+        out["sequence_after"].append(energies(Y_new, Y_new).sum(1))
+        Y = stack.advance(ell, Y_new)
+    return DecoderOutput(stack.finish(Y), *(torch.stack(out[k], dim=1) for k in names), valid)
