@@ -158,6 +158,16 @@ def curve_term_scales(stack) -> torch.Tensor:
     return torch.stack(scales, 1)
 
 
+def curve_float32_allowances(stack) -> torch.Tensor:
+    """`float32_allowance` for each layer step of the joint stack's plain forward, replayed: (B, depth)."""
+    Y, allowances = stack.start(), []
+    for ell in range(stack.depth):
+        Y_new = stack._joint(stack.frame(ell), Y, stack.anchor(ell), stack.valid, 1.0, None)
+        allowances.append(float32_allowance(stack, ell, Y_new, rotated_energy(stack, ell, Y)))
+        Y = stack.advance(ell, Y_new)
+    return torch.stack(allowances, 1)
+
+
 def not_raised(before: torch.Tensor, after: torch.Tensor, tol: float, scale: torch.Tensor) -> torch.Tensor:
     """after ≤ before + tol·(1 + Σ|terms|): the descent rule with the evaluation's own scale."""
     return after <= before + tol * (1 + scale)
@@ -209,7 +219,10 @@ def test_the_joint_layer_never_raises_its_energy(case):
         out = model(X, pad, return_energies=True)
         stack = stack_of(model, X, pad)
         curve_scale = curve_term_scales(stack)                                   # (B, depth)
-        assert not_raised(out.layer_before, out.layer_after, tol, curve_scale).all()   # the model's own numbers
+        if Y.dtype == D64:                                                     # the model's own numbers
+            assert not_raised(out.layer_before, out.layer_after, tol, curve_scale).all()
+        else:   # a plain float32 step may rise by its own rounding (docs/theory.md, "Rounding the state")
+            assert (out.layer_after <= out.layer_before + curve_float32_allowances(stack)).all()
         guarded = model(X, pad, safeguard=True)          # the safeguard takes every full step (never halves)
         assert (guarded.step_scales == 1).all() if Y.dtype == D64 else (guarded.step_scales % 1 == 0).all()
         f = stack.frame(0)
