@@ -11,6 +11,9 @@
 - `check_at_least`, `check_device` / `resolve_device`, `check_output_location`: settings checked
   before any data is read, each error naming the setting (an output location by creating and
   removing a probe file). The commands, the training config and `uf.load` share them.
+- `check_output_apart`: no output lands on an input: a path a command writes, replaces or deletes is
+  never one of its inputs, never holds one, and never lies in a folder whose every file is an input
+  (a run folder, a model folder); refused before any work, naming both.
 - `NonFiniteResultError` and `first_non_finite` / `require_finite`: a NaN or ±inf loss, probability
   or energy is refused, naming the sample and the quantity, never reported as a result.
 """
@@ -29,8 +32,9 @@ import numpy as np
 from .errors import ConfigError, OutputError, UnfoldformerError
 
 __all__ = ["CERTIFIED_STEPS", "NonFiniteResultError", "certified_step_range", "check_at_least", "check_device",
-           "check_in_range", "check_output_location", "check_path_given", "check_positive", "check_seed", "check_step",
-           "first_non_finite", "first_non_finite_row", "require_finite", "resolve_device"]
+           "check_in_range", "check_output_apart", "check_output_location", "check_path_given", "check_positive",
+           "check_seed", "check_step", "first_non_finite", "first_non_finite_row", "require_finite",
+           "resolve_device"]
 
 SEED_MAX = 2**32 - 1
 
@@ -242,3 +246,34 @@ def check_output_location(name: str, path: str | Path, *, folder: bool = True) -
     except OSError as exc:
         raise OutputError(f"{name} {path}: cannot write in {base} ({exc.strerror or exc})") from None
     return path
+
+
+def _resolved(path: str | Path) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def check_output_apart(name: str, targets, inputs: dict[str, Any], *, whole: dict[str, Any] | None = None,
+                       replaced: bool = False) -> None:
+    """Refuse outputs that would land on inputs, before any work (`OutputError`, one line naming both).
+
+    `targets`: the paths the command writes, or deletes (a path or several); `inputs`: label -> a file or
+    folder it reads (None: not given); `whole`: label -> folders every file of which is an input (a run
+    folder, a model folder). A target may not be an input, nor hold one (a folder it replaces or clears:
+    `replaced`, or any target that is an existing folder), nor lie in a `whole` folder."""
+    targets = [targets] if isinstance(targets, (str, os.PathLike)) else list(targets)
+    read = [(label, _resolved(path)) for label, path in inputs.items() if path is not None]
+    kept = [(label, _resolved(path)) for label, path in (whole or {}).items() if path is not None]
+    for given in targets:
+        target = _resolved(given)
+        holds = replaced or target.is_dir()
+        for label, path in read + kept:
+            if target == path:
+                raise OutputError(f"{name} {given}: is the {label} itself; write the output elsewhere (a command "
+                                  "never writes over its inputs)")
+            if holds and path.is_relative_to(target):
+                raise OutputError(f"{name} {given}: holds the {label} {path}, which the command would replace or "
+                                  "delete; write the output elsewhere")
+        for label, folder in kept:
+            if target.is_relative_to(folder):
+                raise OutputError(f"{name} {given}: lies in the {label} {folder}; write the output elsewhere (every "
+                                  "file there is an input)")

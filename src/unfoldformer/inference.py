@@ -105,7 +105,8 @@ class Predictor:
 
     def save_pretrained(self, folder) -> Path:
         """This classifier as a model folder (model.safetensors, config.json, README.md card and complete.json,
-        `persist.folder`); returns it."""
+        `persist.folder`); returns it. A run's folder (the one it was loaded from included) is refused:
+        `OutputError`, a model folder goes beside a run, never into it."""
         return save_predictor(self, folder)
 
     @classmethod

@@ -29,7 +29,7 @@ _FOLDER_IO: list[Any] = []          # the persistence layer's folder reader/writ
 
 
 def use_folder_io(folder_io: Any) -> None:
-    """Register the object whose `save_model`, `load_model` and `push_model` the mixin calls
+    """Register the object whose `save_pretrained`, `load_model` and `push_model` the mixin calls
     (`unfoldformer.persist` does so on import)."""
     _FOLDER_IO[:] = [folder_io]
 
@@ -71,8 +71,13 @@ class PretrainedMixin:
 
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
         """Write the model folder `folder` (model.safetensors with checksums, config.json, README.md card,
-        complete.json pinning them; each file whole or not at all); returns it."""
-        return _folder_io().save_model(self, Path(folder))
+        complete.json pinning them; each file whole or not at all); returns it.
+
+        Raises:
+            OutputError: `folder` is a run's folder (a training, language-model or distillation run, or
+                another command's output; the one the model was loaded from included): a model folder
+                goes beside a run, never into it (`persist.folder.check_model_destination`)."""
+        return _folder_io().save_pretrained(self, Path(folder))
 
     @classmethod
     def from_pretrained(cls, source: str | os.PathLike, *, revision: str | None = None, token: str | None = None,

@@ -14,6 +14,9 @@
   written in place (training runs): written last, checked on every load (a file changed, missing
   or truncated since is an `IntegrityError` naming it); `refresh_manifest` re-pins a folder whose
   files its own command edited.
+- `claim_run_folder`: a folder written in place (training) that holds another run is refused unless
+  resumed or started over; starting over deletes that run's files, and refuses first, deleting
+  nothing, when one of them is an input of the new run (`contracts.check_output_apart`).
 - An output folder is never the working directory or one of its parents (an empty `--out ''`
   is the working directory: refused before any work, `check_output_folder`).
 """
@@ -32,8 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .contracts import check_at_least, check_device, check_output_location, resolve_device
-from .errors import OutputError
+from .contracts import check_at_least, check_device, check_output_apart, check_output_location, resolve_device
+from .errors import ConfigError, OutputError
 from .persist.manifest import (
     MANIFEST_NAME,
     config_sha256,
@@ -45,7 +48,8 @@ from .persist.manifest import (
 )
 from .utils import current_umask, fsync_folder, write_json
 
-__all__ = ["MANIFEST_NAME", "check_at_least", "check_device", "check_output_folder", "check_output_location",
+__all__ = ["MANIFEST_NAME", "check_at_least", "check_device", "check_output_apart", "check_output_folder",
+           "check_output_location", "claim_run_folder",
            "config_sha256", "folder_lock", "manifest_vouches", "new_run_id", "refresh_manifest", "resolve_device",
            "staged_output", "verify_manifest", "write_manifest"]
 
@@ -159,6 +163,29 @@ def check_output_folder(name: str, path: str | Path, command: str,
                           "whole output folder, so give a new folder (e.g. --out results)")
     _replaceable(folder, command, owned)
     return folder
+
+
+def claim_run_folder(out: str | Path, run_files: tuple[str, ...], *, resume: bool, overwrite: bool,
+                     inputs: dict[str, Any] | None = None, whole: dict[str, Any] | None = None,
+                     command: str = "train") -> None:
+    """Refuse a folder holding another run (any of `run_files`, or a `tensorboard` folder) unless resuming it
+    (`checkpoint.pt`) or starting over (`overwrite`). Starting over deletes that run's files, so no file of it
+    stays beside the new run's; it refuses first, deleting nothing, when one of them is, holds or lies in one
+    of the new run's `inputs` / `whole` input folders (`check_output_apart`, `OutputError` naming the file)."""
+    out = Path(out)
+    present = [name for name in run_files if (out / name).exists()]
+    if not present or (resume and "checkpoint.pt" in present):
+        return
+    if not overwrite:
+        hint = ("pass --resume to continue it, " if "checkpoint.pt" in present else
+                "it has no checkpoint to resume; ")
+        raise ConfigError(f"{out} already holds a run ({', '.join(present[:4])}); {hint}--run.overwrite true to "
+                          "start over, or choose another run.out_dir")
+    doomed = [out / name for name in present] + ([out / "tensorboard"] if (out / "tensorboard").is_dir() else [])
+    check_output_apart(f"--run.overwrite true: {command} would delete", doomed, inputs or {}, whole=whole,
+                       replaced=True)
+    for path in doomed:                                            # the old run's files and TensorBoard events
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _clean_leftovers(folder: Path) -> None:

@@ -18,7 +18,8 @@ and the mean curve. An untied model has one energy per layer, so no single curve
 is null (`"one_energy": false`) and "every layer descends" is what it certifies. `--safeguard`
 evaluates with whole-layer descent by backtracking (THEORY §3.5).
 Every option is checked before any work (sizes >= 1, device present, labelled split, `--output`
-writable); the run folder's manifest and the weights' checksums are verified (weights without
+writable, neither the checkpoint, nor `--data.eval_file`, nor in the run folder: `contracts.check_output_apart`);
+the run folder's manifest and the weights' checksums are verified (weights without
 checksums need the manifest or `--trust-unverified`); a NaN or infinite loss or energy is refused
 (exit 2, naming the example), never reported; `--output` is written atomically (whole or absent).
 """
@@ -57,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..contracts import check_path_given
+    from ..contracts import check_output_apart, check_path_given
     from ..errors import ConfigError
     from ..runs import check_device, check_output_location
     from ..train import evaluate_checkpoint
@@ -79,10 +80,9 @@ def run(args: argparse.Namespace) -> int:
         output = check_output_location("--output", args.output, folder=False)
         source = Path(args.checkpoint).expanduser().resolve()
         run = source if source.is_dir() else source.parent if (source.parent / "config.json").is_file() else None
-        if output == source or (run is not None and output.is_relative_to(run)):
-            where = "is the checkpoint itself" if output == source else f"lies in the run folder {run}"
-            raise ConfigError(f"--output {args.output}: {where}; write the result elsewhere (a run's files are "
-                              "its inputs)")
+        check_output_apart("--output", [output, confusion_figure(output)],
+                           {"checkpoint": source, "data.eval_file": args.eval_file},
+                           whole={"run folder": run, "datasets folder": _folder(args.eval_file)})
     result = evaluate_checkpoint(args.checkpoint, data_dir=args.data_dir, split=args.split,
                                  max_length=args.max_length, full_length=args.full_length,
                                  batch_size=args.batch_size, energies=not args.no_energies,
@@ -96,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.output, result)
         plot_confusion(result, confusion_figure(output), title=_figure_title(result))
     return 0
+
+
+def _folder(path: str | None) -> str | None:
+    """`path` if it names a folder (a datasets folder: every file in it is an input), else None."""
+    return path if path is not None and Path(path).expanduser().is_dir() else None
 
 
 def confusion_figure(output: Path) -> Path:

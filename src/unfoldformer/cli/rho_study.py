@@ -43,10 +43,17 @@ def run(args: argparse.Namespace) -> int:
                                 seed=args.seed, data_dir=args.data_dir, results_dir=results, runs_dir=args.runs_dir,
                                 threads=args.threads, out=args.out)
     total = len(settings.datasets) * len(SOURCES) * len(settings.rhos)
-    with tqdm(total=total, desc="rho-study", unit="model") as bar:
-        def step(description: str) -> None:
-            bar.set_postfix_str(description)
-            bar.update(1)
+    bars: list = []                                 # the bar starts with the first model, after every check
+
+    def step(description: str) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc="rho-study", unit="model"))
+        bars[0].set_postfix_str(description)
+        bars[0].update(1)
+    try:
         summary = run_rho_study(settings, progress=step)
+    finally:
+        for bar in bars:
+            bar.close()
     print(f"rho-study: {total} models in {summary['wall_seconds']:.0f} s -> {settings.out}/rho_study.md")
     return 0

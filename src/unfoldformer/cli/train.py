@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         cfg.validate(check_data=False)
         print(json.dumps(cfg.resolved_dict(), indent=2))
         return 0
-    summary = train(cfg, resume=args.resume)
+    summary = train(cfg, resume=args.resume, config_file=args.config)
     if int(os.environ.get("RANK", "0")) == 0:
         best = summary["best"] or {}
         accuracy = best.get("eval_accuracy", float("nan"))

@@ -33,6 +33,7 @@ from ..config import ModelConfig
 from ..data.batching import BucketBatchSampler, shard
 from ..data.datasets import dataset_files
 from ..errors import ConfigError, OutputError
+from ..persist import save_model
 from ..runs import folder_lock, new_run_id
 from ..train.build import lr_factor
 from ..train.checkpoint import load_train_state, save_train_state
@@ -274,7 +275,7 @@ class _Run:
                                  "training": f"{self.step} steps of {self.cfg.batch_size} windows, loss "
                                              f"{self.cfg.loss} + {self.cfg.sentence_weight} x sentence cosine; "
                                              f"run {self.run_id}"}
-            self.student.save_pretrained(self.out / "model")
+            save_model(self.student, self.out / "model")        # inside its own run folder
             write_json(self.out / "summary.json", summary)
         _barrier(self.dist)
         return summary

@@ -22,10 +22,12 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import ConfigError
-from ..runs import check_at_least, check_output_location, resolve_device
+from ..persist import save_model
+from ..persist.manifest import run_folder_kind
+from ..runs import check_at_least, check_output_apart, check_output_location, resolve_device
 from ..train.build import lr_factor
 from ..utils import atomic_write_bytes, atomic_write_text, write_json
-from .data import batches, load_text, split, validation_windows
+from .data import batches, corpus_path, load_text, split, validation_windows
 from .model import LanguageModel, LMConfig
 from .tokenizer import CharTokenizer
 
@@ -33,6 +35,8 @@ __all__ = ["LMTrainConfig", "MODELS", "build_model", "evaluate_model", "load_run
 
 #: --model: the decoder kinds.
 MODELS = ("certified", "certified-untied", "standard")
+#: The files `lm train` writes into its run folder.
+RUN_FILES = ("config.json", "model.safetensors", "README.md", "complete.json", "train.json", "state.pt", "metrics.csv")
 METRIC_FIELDS = ("step", "lr", "train_loss", "val_loss", "tokens_per_s", "elapsed_s")
 
 
@@ -156,7 +160,7 @@ def _save(folder: Path, model: LanguageModel, optimizer, step: int, generator: t
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                 "generator": generator.get_state(), "rows": rows, "elapsed": elapsed}, buf)
     atomic_write_bytes(folder / "state.pt", buf.getvalue())
-    model.save_pretrained(folder)
+    save_model(model, folder)                     # into its own run folder: not save_pretrained, which refuses runs
     atomic_write_text(folder / "metrics.csv", _csv(rows))
 
 
@@ -176,7 +180,10 @@ def load_run(folder: str | Path, device: str = "cpu") -> tuple[LanguageModel, Ch
 
 def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: str = "auto",
           progress: bool = True) -> dict:
-    """Train (or resume) a run in `out`; returns the final metrics row (with the final whole-split val_loss)."""
+    """Train (or resume) a run in `out`; returns the final metrics row (with the final whole-split val_loss).
+
+    Refused before any work: `out` holding another command's run, or a file the run writes (`RUN_FILES`) that is
+    the `--data` file (`check_output_apart`: `OutputError`)."""
     out = check_output_location("--out", out)
     device = resolve_device(device)
     if resume:
@@ -185,7 +192,11 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
         _, _, cfg = load_run(out)
     elif (out / "train.json").exists():
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    elif run_folder_kind(out) is not None:
+        raise ConfigError(f"--out {out}: is {run_folder_kind(out)}, not a language-model run; its files would be "
+                          "overwritten: choose another --out")
     cfg.check()
+    check_output_apart("--out", [out / name for name in RUN_FILES], {"--data file": corpus_path(cfg.data)[0]})
     text = load_text(cfg.data)
     tokenizer = CharTokenizer.from_text(text)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)

@@ -24,7 +24,15 @@ from ..contracts import check_path_given
 from ..errors import CheckpointError, ConfigError, PretrainedError
 from ..recipe import RESUMABLE_CHANGES, TrainConfig
 from ..zoo import zoo_folder
-from .folder import CONFIG_FILE, WEIGHTS_FILE, check_pinned, pretrained_config, read_folder_config, write_model_folder
+from .folder import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    check_model_destination,
+    check_pinned,
+    pretrained_config,
+    read_folder_config,
+    write_model_folder,
+)
 from .folder import FORMAT as PRETRAINED_FORMAT
 from .hub import looks_like_repo_id, resolve_folder
 from .manifest import verify_manifest
@@ -154,7 +162,9 @@ def _label_names(info: dict, n_classes: int) -> tuple[str, ...]:
 
 def save_predictor(predictor: Any, folder: str | os.PathLike) -> Path:
     """A trained classifier as a model folder: its weights in the run's weights format (TrainConfig, checksums,
-    the frozen embedding table by sha256 only), config.json, README.md and complete.json."""
+    the frozen embedding table by sha256 only), config.json, README.md and complete.json. A run's folder (the
+    one the classifier was loaded from included) is refused (`folder.check_model_destination`, `OutputError`)."""
+    check_model_destination(folder)
     if predictor.config is None:
         raise PretrainedError("this Predictor has no training config to save (build it with uf.load)")
     info = getattr(predictor, "info", None) or {}

@@ -30,17 +30,18 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, IntegrityError, PretrainedError
+from ..errors import CheckpointError, IntegrityError, OutputError, PretrainedError
 from ..pretrained import PretrainedMixin, model_class, model_classes
 from ..utils import atomic_write_text, file_sha256, state_problem, write_json
 from ..version import __version__
 from .card import model_card
 from .hub import resolve_folder, upload_folder
-from .manifest import MANIFEST_NAME, SAVED_COMMAND, folder_manifest, verify_manifest
+from .manifest import MANIFEST_NAME, SAVED_COMMAND, folder_manifest, run_folder_kind, verify_manifest
 from .weights import read_weights_file, write_weights_file
 
-__all__ = ["CARD_FILE", "CONFIG_FILE", "FORMAT", "VERSION", "WEIGHTS_FILE", "check_pinned", "load_model",
-           "pretrained_config", "push_model", "read_folder_config", "save_model", "write_model_folder"]
+__all__ = ["CARD_FILE", "CONFIG_FILE", "FORMAT", "VERSION", "WEIGHTS_FILE", "check_model_destination", "check_pinned",
+           "load_model", "pretrained_config", "push_model", "read_folder_config", "save_model", "save_pretrained",
+           "write_model_folder"]
 
 FORMAT, VERSION = "unfoldformer-pretrained", 2
 READABLE_VERSIONS = (1, 2)
@@ -126,6 +127,25 @@ def save_model(model: PretrainedMixin, folder: Path) -> Path:
     own_card = getattr(model, "_model_card", None)
     return write_model_folder(folder, name, init, state, {"class": name, "init": init},
                               card_text=own_card() if own_card is not None else None)
+
+
+def check_model_destination(folder: str | os.PathLike) -> Path:
+    """`folder` as a place for a model folder: refused (`OutputError`, one line) when it is a run's folder
+    (`manifest.run_folder_kind`: a training, language-model or distillation run, or another command's
+    output), whose files are that run's and whose manifest would no longer pin them; the folder the model
+    was loaded from is refused on the same ground when it is a run. A model folder may be saved again."""
+    folder = Path(folder)
+    kind = run_folder_kind(folder)
+    if kind is not None:
+        raise OutputError(f"save_pretrained {folder}: is {kind}; a model folder goes beside a run, not into it "
+                          "(its files are the run's): choose a new folder")
+    return folder
+
+
+def save_pretrained(model: PretrainedMixin, folder: str | os.PathLike) -> Path:
+    """`model.save_pretrained(folder)`: `save_model` into `folder` once `check_model_destination` accepts it.
+    The applications that keep a model inside their own run folder (`lm train`) call `save_model` directly."""
+    return save_model(model, check_model_destination(folder))
 
 
 def _read_weights(folder: Path, info: dict, map_location: str) -> dict[str, torch.Tensor]:

@@ -9,6 +9,8 @@ on every load: a file changed, missing or truncated since is an `IntegrityError`
   (what lets a weights file without checksums of its own be read).
 - `refresh_manifest`: re-pin the files of a folder whose own command edited them.
 - `config_sha256`: what ties the files of a run to its config.
+- `run_folder_kind`: whether a folder is a run's (a manifest of a command other than `save_pretrained`, or
+  a run's checkpoint, weights or settings file), so that `save_pretrained` never writes into one.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from ..errors import IntegrityError
 from ..utils import file_sha256, jsonable, write_json
 
 __all__ = ["MANIFEST_NAME", "SAVED_COMMAND", "config_sha256", "folder_manifest", "manifest_vouches", "read_manifest",
-           "refresh_manifest", "verify_manifest", "write_manifest"]
+           "refresh_manifest", "run_folder_kind", "verify_manifest", "write_manifest"]
 
 
 def config_sha256(config: Any) -> str:
@@ -35,6 +37,27 @@ def config_sha256(config: Any) -> str:
 MANIFEST_NAME = "complete.json"
 #: The `command` a model folder's manifest names (`save_pretrained`); a run's names its command.
 SAVED_COMMAND = "save_pretrained"
+
+
+#: Files only a run writes: a training run (checkpoint, best / last weights, summary), a language-model run
+#: (`state.pt`, `train.json`), a distillation run (`checkpoint.pt`, `summary.json`).
+RUN_MARKERS = ("checkpoint.pt", "best.safetensors", "last.safetensors", "summary.json", "state.pt", "train.json")
+
+
+def run_folder_kind(folder: str | Path) -> str | None:
+    """What makes `folder` a run's folder (its manifest's command, or a file only a run writes), else None
+    (absent, empty, a model folder, any other folder). An unreadable manifest decides nothing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    try:
+        command = json.loads((folder / MANIFEST_NAME).read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        command = None
+    if command is not None and command != SAVED_COMMAND:
+        return f"the output of `unfoldformer {command}` ({MANIFEST_NAME})"
+    marker = next((name for name in RUN_MARKERS if (folder / name).exists()), None)
+    return f"a run folder (it holds {marker})" if marker is not None else None
 
 
 def folder_manifest(folder: Path, command: str, run_id: str | None, config: Any, *, config_hash: str | None = None,

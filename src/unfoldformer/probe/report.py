@@ -15,8 +15,10 @@ writes, into `settings.out`:
   energies), `config.json` (the resolved `ProbeSettings`, the model folder, the data file read
   with its size and sha256), `complete.json` (every file with its sha256).
 The folder is built whole or not at all (`runs.staged_output`): the settings, the model folder,
-the data file and the output location are checked before any work, and a failure leaves an
-earlier report as it was. Definitions of every measure are in the docstring of `unfoldformer.probe`.
+the data file and the output location are checked before any work (the output never being the model
+folder, the data folder or file, nor inside the model folder or holding them: `contracts.check_output_apart`),
+and a failure leaves an earlier report as it was. Definitions of every measure are in the docstring of
+`unfoldformer.probe`.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from ..data import EVAL_SPLITS, dataset_record, load_dataset, seeded_subset
 from ..data.datasets import SPLITS
 from ..errors import ConfigError
 from ..plots import lowest_whisker, pyplot, save_figure
-from ..runs import check_output_folder, staged_output
+from ..runs import check_output_apart, check_output_folder, staged_output
 from ..utils import atomic_write_text, write_json
 
 __all__ = ["OUTPUT_FILES", "ProbeSettings", "render_markdown", "run_probe", "sample_texts"]
@@ -76,6 +78,16 @@ class ProbeSettings:
         check_path_given("data_dir", self.data_dir)
 
 
+def _data_file(settings: ProbeSettings):
+    """The data set's file, if it is there (else nothing of it can be overwritten)."""
+    from ..data import find_data_file
+    from ..data.datasets import DATASET_FILES
+    try:
+        return find_data_file(DATASET_FILES[settings.dataset], settings.data_dir, download=False)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def sample_texts(dataset: str, split: str, samples: int, seed: int, data_dir=None) -> list[str]:
     """`samples` random texts of a dataset split (`data.seeded_subset`, in data order)."""
     examples = load_dataset(dataset, split, data_dir)
@@ -91,8 +103,10 @@ def run_probe(settings: ProbeSettings, progress=None) -> dict:
     from .measures import probe
 
     start = time.perf_counter()
-    check_output_folder("--out", settings.out, "probe", OUTPUT_FILES.__contains__)
+    out = check_output_folder("--out", settings.out, "probe", OUTPUT_FILES.__contains__)
     model_path = resolve_model_path(settings.model)
+    check_output_apart("--out", out, {"--data-dir": settings.data_dir, "data file": _data_file(settings)},
+                       whole={"--model folder": model_path}, replaced=True)
     texts = sample_texts(settings.dataset, settings.split, settings.samples, settings.seed, settings.data_dir)
     config = {**dataclasses.asdict(settings), "model_path": str(model_path),
               "data_files": [dataset_record(settings.dataset, settings.data_dir)]}

@@ -9,7 +9,8 @@ writes, into `settings.out`:
   (repeatable: one seed fixes the sentences, the initial weights and the quick models' training).
 
 The folder is built whole or not at all (`runs.staged_output`, with `complete.json`); the output
-location is checked before any work, and a failed or killed run leaves an earlier study as it was.
+location is checked before any work (never `--data-dir`, `--results` or `--runs-dir`, nor holding one of
+them: `contracts.check_output_apart`), and a failed or killed run leaves an earlier study as it was.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..data import load_embeddings
-from ..runs import check_output_location, staged_output
+from ..runs import check_output_apart, check_output_location, staged_output
 from ..utils import atomic_write_text, environment, torch_threads, write_json
 from .figures import plot_dynamics, plot_kernel, plot_maps, plot_sweep
 from .markdown import render_markdown
@@ -34,7 +35,9 @@ def run_rho_study(settings: RhoStudySettings, progress=None) -> dict:
 
     `progress(description)` is called once per (dataset, model source, ρ) after it is measured."""
     start = time.perf_counter()
-    check_output_location("--out", settings.out)
+    out = check_output_location("--out", settings.out)
+    check_output_apart("--out", out, {"--data-dir": settings.data_dir, "--results": settings.results_dir,
+                                      "--runs-dir": settings.runs_dir}, replaced=True)
     with staged_output(settings.out, "rho-study", settings.to_dict()) as out:
         return _run(settings, out, start, progress)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -15,7 +16,29 @@ from ..persist.rebuild import build_classifier, file_splits, label_names, load_e
 from ..recipe import ConfigError, TrainConfig
 
 __all__ = ["build_classifier", "file_splits", "label_names", "load_embeddings_for", "load_split", "lr_factor",
-           "make_optimizer", "split_texts", "tokenize_texts", "warmup_steps", "with_classes"]
+           "make_optimizer", "run_inputs", "split_texts", "tokenize_texts", "warmup_steps", "with_classes"]
+
+
+def run_inputs(cfg: TrainConfig, config_file=None) -> dict[str, dict]:
+    """The files a run reads, for `runs.claim_run_folder`: `inputs` (label -> file: the data files, the config
+    file, a word-vector file) and `whole` (label -> folder every file of which is an input: a datasets folder
+    given as data.train_file / data.eval_file, a Hugging Face embeddings folder)."""
+    from ..data import find_data_file
+    from ..data.datasets import DATASET_FILES
+    d, inputs, whole = cfg.data, {"config file": config_file}, {}
+    for name in ("train_file", "eval_file"):
+        path = getattr(d, name)
+        (whole if path is not None and Path(path).expanduser().is_dir() else inputs)[f"data.{name}"] = path
+    if d.dataset in DATASET_FILES:
+        try:
+            inputs["data set file"] = find_data_file(DATASET_FILES[d.dataset], d.data_dir, download=False)
+        except (OSError, ValueError):                              # not there yet: nothing of it to delete
+            pass
+    if d.embeddings.startswith("glove:"):
+        inputs["data.embeddings file"] = d.embeddings[6:]
+    if d.embeddings.startswith("hf:"):
+        whole["data.embeddings folder"] = d.embeddings[3:]
+    return {"inputs": inputs, "whole": whole}
 
 
 def with_classes(cfg: TrainConfig) -> tuple[TrainConfig, tuple[str, ...]]:

@@ -30,7 +30,7 @@ from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
 from ..recipe import ConfigError, TrainConfig
-from ..runs import MANIFEST_NAME, folder_lock, new_run_id, verify_manifest, write_manifest
+from ..runs import MANIFEST_NAME, claim_run_folder, folder_lock, new_run_id, verify_manifest, write_manifest
 from ..utils import atomic_write_text, environment, write_json
 from .build import (
     _seed_all,
@@ -39,6 +39,7 @@ from .build import (
     load_split,
     lr_factor,
     make_optimizer,
+    run_inputs,
     warmup_steps,
     with_classes,
 )
@@ -401,25 +402,7 @@ class Trainer:
                 "out_dir": str(self.out)}
 
 
-def _claim_folder(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse a folder holding another run unless resuming it or starting over; starting over removes
-    that run's files first (so no file of it stays beside the new run's)."""
-    present = [name for name in RUN_FILES if (out / name).exists()]
-    if not present or (resume and "checkpoint.pt" in present):
-        return
-    if not overwrite:
-        hint = ("pass --resume to continue it, " if "checkpoint.pt" in present else
-                "it has no checkpoint to resume; ")
-        raise ConfigError(f"{out} already holds a run ({', '.join(present[:4])}); {hint}--run.overwrite true to "
-                          "start over, or choose another run.out_dir")
-    for name in present:
-        (out / name).unlink()
-    if (out / "tensorboard").is_dir():                              # the old run's TensorBoard events
-        import shutil
-        shutil.rmtree(out / "tensorboard")
-
-
-def train(cfg: TrainConfig, resume: bool = False) -> dict:
+def train(cfg: TrainConfig, resume: bool = False, *, config_file: str | os.PathLike | None = None) -> dict:
     """Validate `cfg` (before anything else), lock the run folder, train, and return the run summary.
 
     The Python form of `unfoldformer train`. Under torchrun (WORLD_SIZE > 1) each process runs this; only
@@ -428,6 +411,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict:
     Args:
         cfg: a `TrainConfig` (`TrainConfig()` is the `certified` joint model on SST-2).
         resume: continue the run in `cfg.run.out_dir` from its last checkpoint (a new run if none).
+        config_file: the file `cfg` was read from, if any: an input, like the data files, that
+            `run.overwrite` never deletes (a refusal, before anything is deleted).
 
     Returns:
         The run summary (also `summary.json`): steps, the best and final evaluation, run id. The folder
@@ -445,7 +430,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict:
     import torch.distributed as dist
     with folder_lock(cfg.run.out_dir, "train") if main else nullcontext():
         if main:
-            _claim_folder(Path(cfg.run.out_dir), resume, cfg.run.overwrite)
+            claim_run_folder(cfg.run.out_dir, RUN_FILES, resume=resume, overwrite=cfg.run.overwrite,
+                             **run_inputs(cfg, config_file))
         info = setup_distributed(cfg)
         torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
         if cfg.run.deterministic:
