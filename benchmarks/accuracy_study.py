@@ -54,6 +54,8 @@ STUDY = accuracy.RESULTS / "study"
 #: variant -> config changes (section.key=value), each inside the certified ranges of THEORY §3.
 VARIANTS: dict[str, list[str]] = {
     "baseline": [],
+    "final_norm": ["model.final_norm=tokens"],             # a LayerNorm on every output token, then pooling
+    "pool_norm": ["model.final_norm=pooled"],              # pooling, then a LayerNorm (0.3.0's default)
     "alpha_ffn_1.5": ["model.alpha_ffn=1.5"],               # F2 is certified for α ∈ (0, 2)
     "alpha_attention_0.5": ["model.alpha_attention=0.5"],   # anchored attention: α ∈ (0, 1]
     "lambda_0.3": ["model.anchor_weight=0.3"],
@@ -79,6 +81,16 @@ VARIANTS: dict[str, list[str]] = {
     "heads_8_metric_free": ["model.n_heads=8", "model.metric=free"],
     "depth_12_metric_free": ["model.depth=12", "model.metric=free"],
 }
+#: Every variant but `final_norm` is measured on the classifier the study began with, without the final LayerNorm
+#: (the certified kinds take it by default since 0.3.0), so its rows compare with the result files kept.
+STUDY_BASE = ["model.final_norm=none"]
+
+
+def changes(name: str) -> list[str]:
+    """The variant's config changes on top of the study's base classifier."""
+    return VARIANTS[name] if name in ("final_norm", "pool_norm") else STUDY_BASE + VARIANTS[name]
+
+
 BUDGETS = {"imdb": ["--max-train-examples", "4000", "--epochs", "1", "--max-eval-examples", "500"],
            "sst2": ["--max-train-examples", "8000", "--epochs", "1"]}
 
@@ -87,7 +99,7 @@ def run(dataset: str, model: str, variants: list[str], seed: int, extra: list[st
     for name in variants:
         argv = ["--dataset", dataset, "--model", model, "--seed", str(seed), "--results", str(STUDY),
                 *BUDGETS[dataset], *extra]
-        argv += ["--variant", name] + [x for change in VARIANTS[name] for x in ("--set", change)]
+        argv += ["--variant", name] + [x for change in changes(name) for x in ("--set", change)]
         print(f"study: {dataset} {model} {name}", file=sys.stderr)
         accuracy.main(argv)
 
@@ -113,7 +125,7 @@ def validate_budget(dataset: str, model: str, pair: list[str], seed: int, extra:
                 continue
             argv = ["--dataset", dataset, "--model", model, "--seed", str(seed), "--results", str(folder),
                     *(BUDGETS[dataset] if reduced else []), *extra, "--variant", name]
-            argv += [x for change in VARIANTS[name] for x in ("--set", change)]
+            argv += [x for change in changes(name) for x in ("--set", change)]
             print(f"study: {dataset} {model} {name} ({'screening' if reduced else 'full'} budget)", file=sys.stderr)
             accuracy.main(argv)
     return budget_agreement(dataset, model, pair, seed, folder)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import unfoldformer as uf
-from conftest import FIXTURES, close_tol
+from conftest import FIXTURES, close_tol, needs_the_fixtures_normals
 from unfoldformer.config import ModelConfig
 from unfoldformer.errors import ConfigError
 from unfoldformer.names import KINDS_BEFORE_0_3
@@ -107,6 +107,7 @@ def _assert_same_predictions(predictions, expected):
             torch.float32)
 
 
+@needs_the_fixtures_normals
 @pytest.mark.parametrize("folder", ["run-certified-untied", "pretrained-certified-untied"])
 def test_folders_written_by_0_2_0_rebuild_the_alternating_untied_model(folder):
     """0.2.0's `certified-untied` was the alternating layer: it loads as `certified-alternating-untied` and
@@ -130,6 +131,7 @@ def test_an_encoder_saved_by_0_2_0_rebuilds_the_alternating_layer():
     assert (got - want).abs().max() <= close_tol(torch.float32, 1 + want.abs().max())
 
 
+@needs_the_fixtures_normals
 def test_an_untied_prediction_reports_per_layer_descent_not_one_curve():
     """An untied model has one energy per layer: `never_rises` is None (its values are not one curve: here they
     rise, -20.1 -> -19.3, while every layer descends) and `layers_descend` is E_ℓ(Y⁽ℓ⁾) ≤ E_ℓ(Y⁽ℓ⁻¹⁾) for every

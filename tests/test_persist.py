@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 import unfoldformer as uf
-from conftest import FIXTURES, close_tol
+from conftest import FIXTURES, close_tol, needs_the_fixtures_normals
 from unfoldformer.errors import PretrainedError
 from unfoldformer.persist.folder import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from unfoldformer.persist.manifest import MANIFEST_NAME
@@ -37,6 +37,7 @@ def _assert_logits_as_0_2_0(predictor) -> None:
     assert (_logits(predictor) - want).abs().max() <= close_tol(torch.float32, 1 + want.abs().max())
 
 
+@needs_the_fixtures_normals
 @pytest.mark.parametrize("folder", ["run", "predictor"])
 def test_a_0_2_0_run_or_pretrained_classifier_loads_and_predicts_as_it_did(old, folder):
     predictor = uf.load(old / "old" / folder, data_dir=old / "data")
@@ -124,6 +125,7 @@ def test_a_folder_without_its_manifest_is_refused(tmp_path):
         uf.UnfoldedTransformer.from_pretrained(folder)
 
 
+@needs_the_fixtures_normals
 def test_a_saved_classifier_keeps_its_label_names_and_its_card_says_its_data(old):
     predictor = uf.load(old / "old" / "run", data_dir=old / "data")
     predictor.label_names = ("bad", "good")

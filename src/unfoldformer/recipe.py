@@ -53,6 +53,9 @@ LOSS_REDUCTIONS = ("mean", "sum")
 #: Embedding widths known before the table is read (glove: from its file).
 MINILM_WIDTH = 384
 KINDS = tuple(KIND_PRESETS)
+#: Kinds whose classifier ends in a LayerNorm by default (`ModelSection.final_norm`): without it the certified
+#: models' logits move ~|state| times slower per optimiser step (docs/results/fresh.md, "The missing final norm").
+FINAL_NORM_KINDS = ("certified", "certified-untied", "certified-alternating", "certified-alternating-untied")
 
 
 @dataclass
@@ -64,6 +67,16 @@ class ModelSection(ModelConfig):
     trainable_embeddings: bool = False
     input_map: bool = True                     # trainable linear map embedding width -> d_model (false: widths equal)
     n_classes: int | None = None               # None: from the data (2 for sst2 / imdb); a different value is refused
+    final_norm: str | None = None              # the readout's LayerNorm: pooled | tokens | none; None: the kind's
+                                               # default (FINAL_NORM_KINDS: pooled); saved configs without it: none
+
+    def uses_final_norm(self) -> str:
+        """Where the classifier's readout puts a LayerNorm (outside the energy): the setting, or by default
+        `pooled` for the certified kinds, whose layers do not normalise the states, and `none` for the others
+        (`standard`, `crate` and `energy-transformer` end in their own LayerNorm; `paper*` as published)."""
+        if self.final_norm is not None:
+            return self.final_norm
+        return "pooled" if self.kind in FINAL_NORM_KINDS else "none"
 
     def encoder_config(self) -> ModelConfig:
         """The resolved encoder config of this section (a ConfigError names `model.<field>`)."""
@@ -94,6 +107,8 @@ class DataSection:
     embeddings: str = "minilm"                 # minilm | random | glove:PATH | hf:FOLDER (a Hugging Face encoder)
     embedding_dim: int = 64                    # random only
     embedding_seed: int = 0                    # random only
+    random_table: str = "portable"             # random only: portable (the same bits on every CPU) | torch-randn
+                                               # (before 0.3.0; its bits depend on the CPU's vector kernels)
     train_split: str = "train"
     eval_split: str | None = None              # None: dev (sst2) / test (imdb)
     max_train_examples: int | None = None      # seeded random subset of the train split
@@ -248,6 +263,7 @@ class TrainConfig:
         resolved = self.model_config().to_dict()
         model = {k: v for k, v in data["model"].items() if k not in ("preset_name", "tied")}
         model.update({k: v for k, v in resolved.items() if v is not None and k in model})
+        model["final_norm"] = self.model.uses_final_norm()
         if model["n_classes"] is None and self.data.dataset != "files":
             model["n_classes"] = 2
         return {**data, "model": {k: v for k, v in model.items() if v is not None}}   # unused by the kind: left out
@@ -295,6 +311,10 @@ class TrainConfig:
             (d.max_eval_examples is None or d.max_eval_examples >= 1,
              f"data.max_eval_examples must be >= 1 or null, got {d.max_eval_examples}"),
             (d.embedding_dim >= 1, f"data.embedding_dim must be >= 1, got {d.embedding_dim}"),
+            (self.model.final_norm in (None, "none", "pooled", "tokens"),
+             f"unknown model.final_norm {self.model.final_norm!r}; valid: pooled, tokens, none"),
+            (d.random_table in ("portable", "torch-randn"),
+             f"unknown data.random_table {d.random_table!r}; valid: portable, torch-randn"),
             (d.embeddings in ("minilm", "random") or d.embeddings.startswith(("glove:", "hf:")),
              f"unknown data.embeddings {d.embeddings!r}; valid: minilm, random, glove:PATH, hf:FOLDER"),
             (o.optimizer in OPTIMIZERS, f"unknown optim.optimizer {o.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"),
@@ -434,8 +454,16 @@ def _upgrade(data: dict, version=None) -> dict:
     """Config dicts of version 0.1.0: `model.dropout` was written for every kind (it applies to the
     standard kind only) and `model.safeguard*` were architecture fields (now run-time options); of
     version 0.2.0 and older: the peers' `self_pair` / `readout` take the values those versions ran, and the
-    kinds their names meant then (`KINDS_BEFORE_0_3`: `certified-untied` was the alternating layer)."""
+    kinds their names meant then (`KINDS_BEFORE_0_3`: `certified-untied` was the alternating layer); a saved
+    config (one with a `version`, or a complete `to_dict` of an older one) without `model.final_norm` was
+    trained without the final LayerNorm, and one without `data.random_table` drew a random table with
+    torch.randn."""
     model = dict(data.get("model") or {})
+    saved = version is not None or written_before_0_3(data, None)   # a run's saved config, not a user's file
+    if saved and "model" in data and "final_norm" not in model:
+        model["final_norm"] = "none"                                # saved before the field: no final norm
+    if saved and isinstance(data.get("data"), dict) and "random_table" not in data["data"]:
+        data = {**data, "data": {**data["data"], "random_table": "torch-randn"}}   # drawn by torch.randn then
     if written_before_0_3(data, version):
         kind = model.get("kind", "certified-tied")                  # the default kind before 0.3.0
         model["kind"] = KINDS_BEFORE_0_3.get(kind, kind)

@@ -34,8 +34,11 @@ Three sources, chosen by :func:`load_embeddings`'s ``spec``:
 ``"random"``
     Vocabulary from ``vocab_texts`` (required), lowercased with
     :func:`word_tokenize`, ordered by decreasing frequency then word. Entries are
-    drawn i.i.d. N(0, 1/d) with ``torch.Generator().manual_seed(seed)``, so each
-    row has expected squared norm 1.
+    i.i.d. with variance 1/d, so each row has expected squared norm 1: uniform on
+    ±√(3/d) from PCG64 integers (``generator="portable"``, the same bits on every
+    machine), or N(0, 1/d) from ``torch.randn`` (``"torch-randn"``: runs saved
+    before 0.3.0, whose bits depend on the CPU's vector kernels; see
+    :func:`random_table`).
 
 OOV policy (glove and random): id 0 is padding, id 1 is ``<unk>``; both rows are
 zero vectors. An out-of-vocabulary word maps to ``<unk>``: it keeps its
@@ -183,19 +186,20 @@ def load_embeddings(
     vocab_texts: list[str] | None = None,
     dim: int = 300,
     seed: int = 0,
+    generator: str = "portable",
 ) -> StaticEmbeddings:
     """Load ``"minilm"``, ``"hf:FOLDER"``, ``"glove:PATH"`` or ``"random"`` embeddings.
 
     ``vocab_texts`` restricts glove to the words of those texts and is the
-    vocabulary source for random (required there); ``dim`` and ``seed`` apply
-    to random only. ``minilm`` ignores all three and is cached per process.
+    vocabulary source for random (required there); ``dim``, ``seed`` and
+    ``generator`` (:func:`random_table`) apply to random only. ``minilm`` ignores all three and is cached per process.
     """
     if spec == "minilm":
         return _load_minilm()
     if spec.startswith("glove:"):
         return _load_glove(Path(spec.removeprefix("glove:")).expanduser(), vocab_texts)
     if spec == "random":
-        return _build_random(vocab_texts, dim, seed)
+        return _build_random(vocab_texts, dim, seed, generator)
     if spec.startswith("hf:"):
         return _load_hf(Path(spec.removeprefix("hf:")))
     raise ValueError(f"unknown embeddings {spec!r}; expected 'minilm', 'hf:FOLDER', 'glove:PATH' or 'random'")
@@ -342,7 +346,28 @@ def _word_info(tokenizer: str, **extra: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- random
 
 
-def _build_random(vocab_texts: list[str] | None, dim: int, seed: int) -> StaticEmbeddings:
+RANDOM_TABLES = ("portable", "torch-randn")
+
+
+def random_table(rows: int, dim: int, seed: int, generator: str = "portable") -> torch.Tensor:
+    """(rows, dim) float32 entries of variance 1/dim (expected squared row norm 1).
+
+    `portable`: uniform on ±√(3/dim) from PCG64 integers k < 2²⁴ as ((2k + 1)/2²⁴ − 1)·√(3/dim): integer
+    arithmetic, one exact division and two correctly rounded operations, so every machine draws the same bits.
+    `torch-randn`: N(0, 1/dim) from torch.randn (the tables of runs saved before 0.3.0): PyTorch's CPU normal
+    sampler takes a different code path with and without AVX2, so its bits depend on the machine's kernels
+    (ATEN_CPU_CAPABILITY=default differs from avx2 in the last bits)."""
+    if generator == "torch-randn":
+        return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)) / math.sqrt(dim)
+    if generator != "portable":
+        raise ValueError(f"unknown random table generator {generator!r}; expected one of {', '.join(RANDOM_TABLES)}")
+    k = np.random.Generator(np.random.PCG64(seed)).integers(0, 1 << 24, size=(rows, dim), dtype=np.int64)
+    unit = (2.0 * k + 1.0) / float(1 << 24) - 1.0                  # (rows, dim) exact, in (−1, 1)
+    return torch.from_numpy((unit * math.sqrt(3.0 / dim)).astype(np.float32))
+
+
+def _build_random(vocab_texts: list[str] | None, dim: int, seed: int, generator: str = "portable"
+                  ) -> StaticEmbeddings:
     if vocab_texts is None:
         raise ValueError("random embeddings need vocab_texts to build their vocabulary")
     if dim < 1:
@@ -350,13 +375,14 @@ def _build_random(vocab_texts: list[str] | None, dim: int, seed: int) -> StaticE
     counts = _count_words(vocab_texts, lowercase=True)
     words = sorted(counts, key=lambda w: (-counts[w], w))
     vocab = {word: index for index, word in enumerate(words, start=2)}
-    generator = torch.Generator().manual_seed(seed)
-    table = torch.randn(len(words) + 2, dim, generator=generator) / math.sqrt(dim)
+    table = random_table(len(words) + 2, dim, seed, generator)      # (V + 2, dim)
     table[[PAD_ID, UNK_ID]] = 0.0
     info = _word_info(
         "regex words/punctuation, lowercased",
         seed=seed,
-        scale="entries N(0, 1/d): expected squared row norm 1",
+        scale=("entries N(0, 1/d)" if generator == "torch-randn" else "entries uniform on ±√(3/d)")
+        + ": expected squared row norm 1",
+        generator=generator,
     )
     return StaticEmbeddings("random", table, PAD_ID, _word_tokenizer(vocab, True), info)
 

@@ -126,8 +126,11 @@ def _encoder(formula: str, relu: bool, d: int, depth: int, seed: int) -> Unfolde
 
 
 def _energy_curves(encoder: UnfoldedTransformer, inputs: Callable[[EncodedBatch], torch.Tensor],
-                   enc: EncodedBatch, batch_tokens: int, safeguard: bool = False) -> dict[str, np.ndarray]:
-    """Energies of every sample in original order: (N, T+1) and (N, T) arrays, pooled outputs and inputs."""
+                   enc: EncodedBatch, batch_tokens: int, safeguard: bool = False,
+                   readout: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+                   ) -> dict[str, np.ndarray]:
+    """Energies of every sample in original order: (N, T+1) and (N, T) arrays, pooled outputs and inputs.
+    `readout` (states, padding mask) -> (b, d): a trained classifier's pooling and norm (default: the mean)."""
     lengths = (~enc.padding_mask).sum(1).numpy()
     parts: dict[str, list] = {k: [] for k in _FIELDS + ("pooled", "inputs_pooled")}
     order = []
@@ -139,7 +142,8 @@ def _energy_curves(encoder: UnfoldedTransformer, inputs: Callable[[EncodedBatch]
             out = encoder(x, sub.padding_mask, return_energies="steps", safeguard=safeguard)
             for k in _FIELDS:                                      # documented EncoderOutput fields
                 parts[k].append(getattr(out, k).numpy())
-            parts["pooled"].append(masked_mean(out.hidden, sub.padding_mask).numpy())
+            pooled = (readout or masked_mean)(out.hidden, sub.padding_mask)     # (b, d) the classifier's readout
+            parts["pooled"].append(pooled.numpy())
             parts["inputs_pooled"].append(masked_mean(x, sub.padding_mask).numpy())
             order.append(idx)
     inverse = np.argsort(np.concatenate(order))
@@ -168,7 +172,7 @@ def trained_curves(variant, loaded, texts: Sequence[str], labels: Sequence[int] 
     clf, emb, spec, s = loaded.model, loaded.embeddings, variant.spec, settings
     enc = emb.encode(list(texts), s.eval_max_length)               # (N, n)
     curves = _energy_curves(clf.encoder, lambda sub: clf.project(clf.embedding(sub.ids)), enc, s.batch_tokens,
-                            safeguard=spec.safeguard)
+                            safeguard=spec.safeguard, readout=clf.readout)
     curves.pop("inputs_pooled")
     sample_accuracy = None
     if labels is not None:

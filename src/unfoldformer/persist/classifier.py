@@ -144,9 +144,13 @@ def load_classifier(path: str | Path, data_dir: str | None = None, *, trust_unve
     if not cfg.model.trainable_embeddings:
         sha = table_sha256(model.embedding.weight)
         if sha != info.get("embedding_sha256"):
+            legacy = spec == "random" and cfg.data.random_table == "torch-randn"
             raise CheckpointError(f"{path}: the rebuilt embedding table ({cfg.data.embeddings}) differs from the "
                                   f"one the model was trained with (sha256 {sha[:12]} vs "
-                                  f"{str(info.get('embedding_sha256'))[:12]})")
+                                  f"{str(info.get('embedding_sha256'))[:12]})"
+                                  + ("; its table was drawn with torch.randn (runs before 0.3.0), whose bits depend "
+                                     "on the CPU's vector kernels: load it where it was trained, or retrain"
+                                     if legacy else ""))
     restore_model_state(model, state, cfg, str(path))
     return LoadedClassifier(model.eval(), cfg, embeddings, path, info, _label_names(info, model.head.out_features))
 

@@ -24,8 +24,9 @@ LABEL_NAMES = ("negative", "positive")
 def build_classifier(cfg: TrainConfig, embeddings) -> SequenceClassifier:
     """The classifier of `cfg.model.kind` over `embeddings.table` (V, e): frozen (or trainable)
     table → a trainable linear map e → d_model (`model.input_map`; without it e must equal
-    d_model) → encoder → masked mean pooling → linear head (`model.n_classes` outputs; unset: 2,
-    the named data sets' classes — a run on your files sets it from the data)."""
+    d_model) → encoder → LayerNorm (`model.final_norm`; by default for the certified kinds) → masked mean
+    pooling → linear head (`model.n_classes` outputs; unset: 2, the named data sets' classes — a run on your
+    files sets it from the data)."""
     mcfg = cfg.model_config()
     width = embeddings.table.shape[1]
     if not cfg.model.input_map and width != mcfg.d_model:
@@ -33,7 +34,7 @@ def build_classifier(cfg: TrainConfig, embeddings) -> SequenceClassifier:
                           f"({cfg.data.embeddings}: {width}), got d_model={mcfg.d_model}")
     return SequenceClassifier(build_encoder(mcfg), embeddings.table, mcfg.d_model, cfg.model.n_classes or 2,
                               trainable_embeddings=cfg.model.trainable_embeddings, project=cfg.model.input_map,
-                              pad_id=embeddings.pad_id)
+                              pad_id=embeddings.pad_id, final_norm=cfg.model.uses_final_norm())
 
 
 def split_texts(cfg: TrainConfig, split: str) -> tuple[list[str], list[int]]:
@@ -77,6 +78,7 @@ def load_embeddings_for(cfg: TrainConfig):
         return load_embeddings(spec)
     texts = list(split_texts(cfg, d.train_split)[0])
     if spec == "random":
-        return load_embeddings("random", vocab_texts=texts, dim=d.embedding_dim, seed=d.embedding_seed)
+        return load_embeddings("random", vocab_texts=texts, dim=d.embedding_dim, seed=d.embedding_seed,
+                               generator=d.random_table)
     texts += split_texts(cfg, cfg.eval_split)[0]
     return load_embeddings(spec, vocab_texts=texts)

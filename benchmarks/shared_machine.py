@@ -1,0 +1,229 @@
+"""Speed in the conditions users have: torch imported first, 1 and 2 threads, idle and beside a busy process.
+
+Every cell runs in a fresh Python process that imports torch *before* unfoldformer (as the README's examples
+and most user scripts do, so the library cannot set OpenMP's wait policy before the runtime starts), sets the
+thread count, warms up, and reports the median wall time of its repeats. The cells of one condition run one
+after another with the variants alternated (standard, tied, untied, standard, …); each condition (threads ×
+load) is measured idle and beside one busy single-thread process (a Python loop that never sleeps, started
+before and killed after the condition's cells, the everyday state of a laptop or a shared server).
+
+Cells:
+- `inference` / `train`: a 4-layer encoder, 4 heads, FFN 4·width, on (B, n, width) float32 with no padding:
+  `standard` — `nn.TransformerEncoder` (pre-LN, ReLU, dropout 0, final LayerNorm) in its fastest path (eval
+  mode under `torch.inference_mode`: PyTorch's fused encoder-layer kernel; training: the module graph, SDPA
+  inside); `joint-tied` / `joint-untied` — `uf.CertifiedEncoder(uf.CertifiedEncoderLayer(...), 4, tied=...,
+  norm=LayerNorm)`, the joint layer. A training step is forward, mean-square loss, backward, AdamW step.
+- `energy`: the attention energy (ρ = exp, float64, one head with a d × d map) of one padded batch of 30
+  sequences with IMDB-like lengths (longest 2,500, d = 300: `energy_speed.py` (b)), and, in the same process,
+  the per-sample pair-difference reference of `energy_speed.py` on the same sequences: the ratio is the
+  issue's ≥ 50× target.
+
+    python benchmarks/shared_machine.py run [--quick] [--json benchmarks/results/shared_machine.json]
+    python benchmarks/shared_machine.py table [--json FILE]              # the markdown table
+    python benchmarks/shared_machine.py cell --what inference --model joint-tied --shape 64 16 64 --threads 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "shared_machine.json"
+SHAPES = [(64, 16, 64), (32, 64, 128), (8, 256, 256), (1, 4096, 128)]
+MODELS = ("standard", "joint-tied", "joint-untied")
+THREADS = (1, 2)
+LOADS = ("idle", "busy")
+DEPTH, HEADS = 4, 4
+
+
+# ----------------------------------------------------------------------------- one cell (a fresh process)
+def _encoder(model: str, d: int):
+    import torch
+    from torch import nn
+
+    import unfoldformer as uf
+    torch.manual_seed(0)
+    if model == "standard":
+        layer = nn.TransformerEncoderLayer(d, HEADS, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        return nn.TransformerEncoder(layer, DEPTH, norm=nn.LayerNorm(d), enable_nested_tensor=False)
+    layer = uf.CertifiedEncoderLayer(d, HEADS, 4 * d)
+    return uf.CertifiedEncoder(layer, DEPTH, tied=model == "joint-tied", norm=nn.LayerNorm(d))
+
+
+def _timed(fn, repeats: int, budget_s: float = 4.0) -> list[float]:
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or (len(times) < 3 * repeats and time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repeats: int) -> dict:
+    import torch                                                    # torch first, as users import it
+    import unfoldformer  # noqa: F401
+    torch.set_num_threads(threads)
+    if what == "energy":
+        return _energy_cell(repeats)
+    B, n, d = shape
+    enc = _encoder(model, d)
+    x = torch.randn(B, n, d)
+    if what == "inference":
+        enc.eval()
+
+        def step():
+            with torch.inference_mode():
+                enc(x)
+    else:
+        enc.train()
+        opt = torch.optim.AdamW(enc.parameters(), lr=1e-4)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            enc(x).square().mean().backward()
+            opt.step()
+    for _ in range(2):
+        step()
+    times = _timed(step, repeats)
+    return {"median_s": statistics.median(times), "repeats": len(times)}
+
+
+def _energy_cell(repeats: int) -> dict:
+    import torch
+
+    from energy_speed import imdb_like_lengths, padded, pairwise_reference
+    from unfoldformer.energy import attention_energy
+    torch.manual_seed(0)
+    d = 300
+    lengths = imdb_like_lengths(200)[:30]
+    seqs = [torch.randn(k, d, dtype=torch.float64) * 0.3 for k in lengths]
+    F = torch.randn(d, d, dtype=torch.float64) / d ** 0.5
+    Y, pad = padded(seqs)                                           # (30, 2500, 300)
+    attention_energy(Y[:2, :256], F, "exp", pad[:2, :256])          # warm-up
+    times = _timed(lambda: attention_energy(Y, F, "exp", pad), repeats, budget_s=0.0)
+    t0 = time.perf_counter()
+    for y in seqs:
+        pairwise_reference(y, F)
+    reference = time.perf_counter() - t0
+    library = statistics.median(times)
+    return {"median_s": library, "repeats": len(times), "reference_s": reference, "ratio": reference / library}
+
+
+# ----------------------------------------------------------------------------- the conditions
+def _busy() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _run_cell(what, model, shape, threads, repeats) -> dict:
+    cmd = [sys.executable, str(Path(__file__)), "cell", "--what", what, "--model", model,
+           "--shape", *map(str, shape), "--threads", str(threads), "--repeats", str(repeats)]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True) -> dict:
+    from tqdm import tqdm
+    repeats = 3 if quick else 7
+    cells = [(w, m, s) for s in shapes for w in ("inference", "train") for m in MODELS]
+    if energy:
+        cells.append(("energy", "library", (30, 2500, 300)))
+    results = json.loads(out.read_text()) if out.exists() else {"cells": []}
+    done = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])) for c in results["cells"]}
+    total = len(LOADS) * len(THREADS) * len(cells)
+    bar = tqdm(total=total, desc="cells")
+    for load in LOADS:
+        busy = _busy() if load == "busy" else None
+        try:
+            time.sleep(0.5 if busy else 0.0)
+            for threads in THREADS:
+                for what, model, shape in cells:                    # the models alternate within each shape
+                    bar.update()
+                    if (load, threads, what, model, tuple(shape)) in done:
+                        continue
+                    r = _run_cell(what, model, shape, threads, repeats)
+                    results["cells"].append({"load": load, "threads": threads, "what": what, "model": model,
+                                             "shape": list(shape), **r, "loadavg": os.getloadavg()[0]})
+                    _write(out, results)                            # whole file each time: a kill loses one cell
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+    bar.close()
+    return results
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- the table
+def table(results: dict) -> str:
+    cells = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
+    lines = ["| load | what | shape (B, n, d) | threads | standard ms | joint tied ms (×) | joint untied ms (×) | "
+             "tied 2 vs 1 thread | untied 2 vs 1 thread |", "|---|---|---|---|---|---|---|---|---|"]
+    shapes = sorted({k[4] for k in cells if k[2] != "energy"}, key=lambda s: s[1] * s[2])
+    for load in LOADS:
+        for what in ("inference", "train"):
+            for shape in shapes:
+                for threads in THREADS:
+                    get = lambda m, t=threads: cells.get((load, t, what, m, shape))   # noqa: E731
+                    std, tied, untied = get("standard"), get("joint-tied"), get("joint-untied")
+                    if not (std and tied and untied):
+                        continue
+
+                    def cellpair(c):
+                        return f"{1e3 * c['median_s']:.1f} ({std['median_s'] / c['median_s']:.2f}×)"
+
+                    def scaling(m):
+                        one, two = get(m, 1), get(m, 2)
+                        return f"{one['median_s'] / two['median_s']:.2f}×" if one and two and threads == 2 else ""
+                    lines.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {threads} | "
+                                 f"{1e3 * std['median_s']:.1f} | {cellpair(tied)} | {cellpair(untied)} | "
+                                 f"{scaling('joint-tied')} | {scaling('joint-untied')} |")
+    energy = [c for c in results["cells"] if c["what"] == "energy"]
+    if energy:
+        lines += ["", "| load | threads | padded-batch energy s | pair-difference reference s | ratio |",
+                  "|---|---|---|---|---|"]
+        for c in sorted(energy, key=lambda c: (LOADS.index(c["load"]), c["threads"])):
+            lines.append(f"| {c['load']} | {c['threads']} | {c['median_s']:.3f} | {c['reference_s']:.1f} | "
+                         f"{c['ratio']:.0f}× |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("cell")
+    c.add_argument("--what", choices=("inference", "train", "energy"), required=True)
+    c.add_argument("--model", default="standard")
+    c.add_argument("--shape", type=int, nargs=3, default=(64, 16, 64))
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--repeats", type=int, default=7)
+    r = sub.add_parser("run")
+    r.add_argument("--quick", action="store_true", help="3 repeats per cell instead of 7")
+    r.add_argument("--no-energy", action="store_true")
+    r.add_argument("--json", type=Path, default=RESULTS)
+    t = sub.add_parser("table")
+    t.add_argument("--json", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    if args.command == "cell":
+        print(json.dumps(cell(args.what, args.model, tuple(args.shape), args.threads, args.repeats)))
+    elif args.command == "run":
+        print(table(run(args.quick, args.json, energy=not args.no_energy)))
+    else:
+        print(table(json.loads(args.json.read_text())))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
