@@ -67,7 +67,8 @@ def _timed(fn, repeats: int, budget_s: float = 4.0) -> list[float]:
 
 
 def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repeats: int) -> dict:
-    import torch                                                    # torch first, as users import it
+    import torch  # torch first, as users import it
+
     import unfoldformer  # noqa: F401
     torch.set_num_threads(threads)
     if what == "energy":
@@ -167,29 +168,32 @@ def _write(path: Path, data: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- the table
+def _ms_ratio(cell: dict, standard: dict) -> str:
+    return f"{1e3 * cell['median_s']:.1f} ({standard['median_s'] / cell['median_s']:.2f}×)"
+
+
+def _scaling(one: dict | None, two: dict | None) -> str:
+    """1-thread time over 2-thread time (> 1: the second thread helps)."""
+    return f"{one['median_s'] / two['median_s']:.2f}×" if one and two else ""
+
+
 def table(results: dict) -> str:
     cells = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
     lines = ["| load | what | shape (B, n, d) | threads | standard ms | joint tied ms (×) | joint untied ms (×) | "
-             "tied 2 vs 1 thread | untied 2 vs 1 thread |", "|---|---|---|---|---|---|---|---|---|"]
+             "tied 2 vs 1 thread | untied 2 vs 1 thread | standard 2 vs 1 thread |", "|---" * 10 + "|"]
     shapes = sorted({k[4] for k in cells if k[2] != "energy"}, key=lambda s: s[1] * s[2])
     for load in LOADS:
         for what in ("inference", "train"):
             for shape in shapes:
                 for threads in THREADS:
-                    get = lambda m, t=threads: cells.get((load, t, what, m, shape))   # noqa: E731
-                    std, tied, untied = get("standard"), get("joint-tied"), get("joint-untied")
+                    std, tied, untied = (cells.get((load, threads, what, m, shape)) for m in MODELS)
                     if not (std and tied and untied):
                         continue
-
-                    def cellpair(c):
-                        return f"{1e3 * c['median_s']:.1f} ({std['median_s'] / c['median_s']:.2f}×)"
-
-                    def scaling(m):
-                        one, two = get(m, 1), get(m, 2)
-                        return f"{one['median_s'] / two['median_s']:.2f}×" if one and two and threads == 2 else ""
+                    scale = [_scaling(cells.get((load, 1, what, m, shape)), cells.get((load, 2, what, m, shape)))
+                             if threads == 2 else "" for m in ("joint-tied", "joint-untied", "standard")]
                     lines.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {threads} | "
-                                 f"{1e3 * std['median_s']:.1f} | {cellpair(tied)} | {cellpair(untied)} | "
-                                 f"{scaling('joint-tied')} | {scaling('joint-untied')} |")
+                                 f"{1e3 * std['median_s']:.1f} | {_ms_ratio(tied, std)} | {_ms_ratio(untied, std)} | "
+                                 f"{' | '.join(scale)} |")
     energy = [c for c in results["cells"] if c["what"] == "energy"]
     if energy:
         lines += ["", "| load | threads | padded-batch energy s | pair-difference reference s | ratio |",

@@ -1,6 +1,5 @@
 """The classifier's final LayerNorm (`model.final_norm`): a readout outside the energy, on the pooled vector by
-default for the certified kinds, off for configs and folders saved before it existed (docs/results/fresh.md, "The missing final
-norm")."""
+default for the certified kinds, off for configs and folders saved before it existed (docs/results/fresh.md)."""
 import csv
 import io
 import json
@@ -23,7 +22,8 @@ def test_the_certified_kinds_take_the_final_norm_by_default_and_the_others_keep_
         assert section.final_norm is None
         assert section.uses_final_norm() == ("pooled" if kind.startswith("certified") else "none")
         assert TrainConfig().replace(model__kind=kind, model__final_norm="none").model.uses_final_norm() == "none"
-    assert TrainConfig().replace(model__kind="standard", model__final_norm="tokens").model.uses_final_norm() == "tokens"
+    standard = TrainConfig().replace(model__kind="standard", model__final_norm="tokens").model
+    assert standard.uses_final_norm() == "tokens"
     assert TrainConfig().resolved_dict()["model"]["final_norm"] == "pooled"
     with pytest.raises(ConfigError, match="unknown model.final_norm 'true'; valid: pooled, tokens, none"):
         TrainConfig().replace(model__final_norm="true").validate(check_data=False)

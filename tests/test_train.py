@@ -185,7 +185,8 @@ def test_run_writes_outputs_and_learns(trained_run):
     saved = json.loads((out / "config.json").read_text())
     assert saved["resolved"]["model"]["tied"] is True and saved["resolved"]["train_examples"] == 400
     # n_classes set from the data, final_norm the kind's default written out
-    assert TrainConfig.from_dict(saved).to_dict() == cfg.replace(model__n_classes=2, model__final_norm="pooled").to_dict()
+    expected = cfg.replace(model__n_classes=2, model__final_norm="pooled")
+    assert TrainConfig.from_dict(saved).to_dict() == expected.to_dict()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     table = (out / "metrics.csv").read_text().splitlines()
     assert [r["step"] for r in rows] == [25, 50]
