@@ -533,6 +533,15 @@ def certificate(results: Path) -> str:
             + _md(["count", "measured"], rows))
 
 
+def shared_machine(results: Path) -> str:
+    """`benchmarks/shared_machine.py`'s tables (torch imported first, fresh process per cell)."""
+    import shared_machine as sm                                    # same folder
+    data = _load(results, "speed/shared_machine.json")
+    head = ("*`python benchmarks/shared_machine.py run`* (torch imported before unfoldformer, one fresh process per "
+            "cell, median wall time of 7–21 repeats; busy: beside one single-thread Python loop)")
+    return head + "\n\n" + sm.table(data)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "fresh": fresh,
     "headline": headline, "accuracy-full": accuracy_full, "accuracy-reduced": accuracy_reduced,
@@ -544,7 +553,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
     "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
     "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples, "compile": compile_speed,
-    "certificate": certificate}
+    "certificate": certificate, "shared-machine": shared_machine}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

@@ -18,7 +18,7 @@ Cells:
   the per-sample pair-difference reference of `energy_speed.py` on the same sequences: the ratio is the
   issue's ≥ 50× target.
 
-    python benchmarks/shared_machine.py run [--quick] [--json benchmarks/results/shared_machine.json]
+    python benchmarks/shared_machine.py run [--quick] [--json benchmarks/results/speed/shared_machine.json]
     python benchmarks/shared_machine.py table [--json FILE]              # the markdown table
     python benchmarks/shared_machine.py cell --what inference --model joint-tied --shape 64 16 64 --threads 2
 """
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-RESULTS = ROOT / "results" / "shared_machine.json"
+RESULTS = ROOT / "results" / "speed" / "shared_machine.json"
 SHAPES = [(64, 16, 64), (32, 64, 128), (8, 256, 256), (1, 4096, 128)]
 MODELS = ("standard", "joint-tied", "joint-untied")
 THREADS = (1, 2)
@@ -178,22 +178,25 @@ def _scaling(one: dict | None, two: dict | None) -> str:
 
 
 def table(results: dict) -> str:
+    """Three markdown tables: times and ratios against the standard encoder, 2-thread over 1-thread speed, the
+    padded-batch energy against its pair-difference reference."""
     cells = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
-    lines = ["| load | what | shape (B, n, d) | threads | standard ms | joint tied ms (×) | joint untied ms (×) | "
-             "tied 2 vs 1 thread | untied 2 vs 1 thread | standard 2 vs 1 thread |", "|---" * 10 + "|"]
     shapes = sorted({k[4] for k in cells if k[2] != "energy"}, key=lambda s: s[1] * s[2])
-    for load in LOADS:
-        for what in ("inference", "train"):
-            for shape in shapes:
-                for threads in THREADS:
-                    std, tied, untied = (cells.get((load, threads, what, m, shape)) for m in MODELS)
-                    if not (std and tied and untied):
-                        continue
-                    scale = [_scaling(cells.get((load, 1, what, m, shape)), cells.get((load, 2, what, m, shape)))
-                             if threads == 2 else "" for m in ("joint-tied", "joint-untied", "standard")]
-                    lines.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {threads} | "
-                                 f"{1e3 * std['median_s']:.1f} | {_ms_ratio(tied, std)} | {_ms_ratio(untied, std)} | "
-                                 f"{' | '.join(scale)} |")
+    rows = [(load, what, shape) for load in LOADS for what in ("inference", "train") for shape in shapes]
+    ratios = ["| load | what | shape (B, n, d) | threads | standard ms | joint tied ms (×) | joint untied ms (×) |",
+              "|---" * 7 + "|"]
+    scaling = ["| load | what | shape (B, n, d) | standard: 1 thread / 2 threads | joint tied | joint untied |",
+               "|---" * 6 + "|"]
+    for load, what, shape in rows:
+        for threads in THREADS:
+            std, tied, untied = (cells.get((load, threads, what, m, shape)) for m in MODELS)
+            if std and tied and untied:
+                ratios.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {threads} | "
+                              f"{1e3 * std['median_s']:.1f} | {_ms_ratio(tied, std)} | {_ms_ratio(untied, std)} |")
+        scale = [_scaling(cells.get((load, 1, what, m, shape)), cells.get((load, 2, what, m, shape))) for m in MODELS]
+        if all(scale):
+            scaling.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {' | '.join(scale)} |")
+    lines = ratios + ["", "Speed-up from the second thread (> 1×: faster at 2 threads):", ""] + scaling
     energy = [c for c in results["cells"] if c["what"] == "energy"]
     if energy:
         lines += ["", "| load | threads | padded-batch energy s | pair-difference reference s | ratio |",
