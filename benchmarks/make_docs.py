@@ -535,7 +535,7 @@ def certificate(results: Path) -> str:
 
 def shared_machine(results: Path) -> str:
     """`benchmarks/shared_machine.py`'s tables (torch imported first, fresh process per cell)."""
-    import shared_machine as sm                                    # same folder
+    import shared_machine as sm  # same folder
     data = _load(results, "speed/shared_machine.json")
     head = ("*`python benchmarks/shared_machine.py run`* (torch imported before unfoldformer, one fresh process per "
             "cell, median wall time of 7–21 repeats; busy: beside one single-thread Python loop)")
