@@ -20,10 +20,10 @@ def test_the_certified_kinds_take_the_final_norm_by_default_and_the_others_keep_
     for kind in KINDS:
         section = TrainConfig().replace(model__kind=kind).model
         assert section.final_norm is None
-        assert section.uses_final_norm() == ("pooled" if kind.startswith("certified") else "none")
-        assert TrainConfig().replace(model__kind=kind, model__final_norm="none").model.uses_final_norm() == "none"
+        assert section.resolved_final_norm() == ("pooled" if kind.startswith("certified") else "none")
+        assert TrainConfig().replace(model__kind=kind, model__final_norm="none").model.resolved_final_norm() == "none"
     standard = TrainConfig().replace(model__kind="standard", model__final_norm="tokens").model
-    assert standard.uses_final_norm() == "tokens"
+    assert standard.resolved_final_norm() == "tokens"
     assert TrainConfig().resolved_dict()["model"]["final_norm"] == "pooled"
     with pytest.raises(ConfigError, match="unknown model.final_norm 'true'; valid: pooled, tokens, none"):
         TrainConfig().replace(model__final_norm="true").validate(check_data=False)
@@ -37,7 +37,7 @@ def test_a_saved_config_without_the_field_was_trained_without_the_norm():
     assert TrainConfig.from_dict(json.loads(json.dumps(older))).model.final_norm == "none"
     written = {"model": {"kind": "certified"}, "optim": {"lr": 0.002}}                      # a user's file
     assert TrainConfig.from_dict(written).model.final_norm is None
-    assert TrainConfig.from_dict(written).model.uses_final_norm() == "pooled"
+    assert TrainConfig.from_dict(written).model.resolved_final_norm() == "pooled"
     kept = TrainConfig().replace(model__final_norm="tokens").to_dict()
     assert TrainConfig.from_dict(kept).model.final_norm == "tokens"
 

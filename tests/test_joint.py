@@ -158,13 +158,22 @@ def curve_term_scales(stack) -> torch.Tensor:
     return torch.stack(scales, 1)
 
 
-def curve_float32_allowances(stack) -> torch.Tensor:
-    """`float32_allowance` for each layer step of the joint stack's plain forward, replayed: (B, depth)."""
+def curve_float32_allowances(stack, energy=None, metric_scale: float | None = None) -> torch.Tensor:
+    """`float32_allowance` for each layer step of the stack's plain forward, replayed: the joint layer, or the
+    alternating layer's attention step and then its FFN step into the next layer: (B, depth). `energy` and
+    `metric_scale` as in `float32_allowance`."""
+    energy = rotated_energy if energy is None else energy
     Y, allowances = stack.start(), []
     for ell in range(stack.depth):
-        Y_new = stack._joint(stack.frame(ell), Y, stack.anchor(ell), stack.valid, 1.0, None)
-        allowances.append(float32_allowance(stack, ell, Y_new, rotated_energy(stack, ell, Y)))
-        Y = stack.advance(ell, Y_new)
+        f = stack.frame(ell)
+        joint = isinstance(f.layer, JointLayer)
+        if joint:
+            Y_new = stack._joint(f, Y, stack.anchor(ell), stack.valid, 1.0, None)
+        else:
+            Y_new = stack._attend(f, Y, stack.anchor(ell), stack.valid, 1.0, None)[0]
+        allowances.append(float32_allowance(stack, ell, Y_new, energy(stack, ell, Y), energy=energy,
+                                            metric_scale=metric_scale))
+        Y = stack.advance(ell, Y_new if joint else stack._ffn(f, Y_new, 1.0)[0])
     return torch.stack(allowances, 1)
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conftest import close_tol, examples
 from strategies import token_sets
-from test_joint import float32_allowance
+from test_joint import curve_float32_allowances, float32_allowance
 from unfoldformer import energy as E
 from unfoldformer.baselines import RotaryEncoderLayer, StandardTransformer
 from unfoldformer.config import ModelConfig
@@ -186,23 +186,6 @@ def one_step(model, Y, X, pad):
     return stack, Yr, stack._attend(f, Yr, stack.anchor(0), stack.valid, 1.0, None)[0]
 
 
-def curve_allowances(model, X, pad, energy) -> torch.Tensor:
-    """`float32_allowance` for each layer step of the model's plain forward from X (replayed: the joint layer,
-    or the alternating layer's attention step, then its FFN step into the next layer): (B, depth)."""
-    stack = stack_of(model, X, pad)
-    Y, joint, allowances = stack.start(), isinstance(model.layers[0], JointLayer), []
-    for ell in range(stack.depth):
-        f = stack.frame(ell)
-        if joint:
-            Y_new = stack._joint(f, Y, stack.anchor(ell), stack.valid, 1.0, None)
-        else:
-            Y_new = stack._attend(f, Y, stack.anchor(ell), stack.valid, 1.0, None)[0]
-        allowances.append(float32_allowance(stack, ell, Y_new, energy(stack, ell, Y), energy=energy,
-                                            metric_scale=metric_scale(model)))
-        Y = stack.advance(ell, Y_new if joint else stack._ffn(f, Y_new, 1.0)[0])
-    return torch.stack(allowances, 1)
-
-
 # ----------------------------------------------------------------------------- the bound μ
 @st.composite
 def maps(draw):
@@ -288,7 +271,8 @@ def _never_rises(case):
         if Y.dtype == D64:
             assert lowered(before, after, tol).all()
         else:   # a plain float32 step may rise by its own rounding (docs/theory.md, "Rounding the state")
-            assert (after <= before + curve_allowances(model, X, pad, energy)).all(), (before, after)
+            allowances = curve_float32_allowances(stack_of(model, X, pad), energy, metric_scale(model))   # (B, depth)
+            assert (after <= before + allowances).all(), (before, after)
         stack, Yr, Y_new = one_step(model, Y, X, pad)
         before, after = energy(stack, 0, Yr), energy(stack, 0, Y_new)
     if Y.dtype == D64:

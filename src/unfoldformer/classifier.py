@@ -8,15 +8,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import FINAL_NORMS, ModelConfig
 from .model import masked_mean
 from .positions import AbsolutePositions
 from .pretrained import PretrainedError, PretrainedMixin, model_class
 
 __all__ = ["FINAL_NORMS", "SequenceClassifier", "build_encoder", "masked_mean"]
-
-#: Where the classifier's LayerNorm sits: nowhere, on the mean-pooled vector, or on every token before pooling.
-FINAL_NORMS = ("none", "pooled", "tokens")
 
 
 def build_encoder(config: ModelConfig) -> nn.Module:

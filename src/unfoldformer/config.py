@@ -52,7 +52,7 @@ from .positions import POSITIONS  # §3.9; absolute ones are added to the input
 from .rho import RHO_FAMILY, get_rho
 
 __all__ = ["ATTENTION_KINDS", "ATTENTION_NORMS", "BASIS_MAPS", "CRATE_READOUTS", "FFN_BOUNDS", "FFN_KINDS",
-           "LAYER_KINDS", "ModelConfig", "PEER_ATTENTIONS", "PRESETS", "upgrade_peer_fields"]
+           "FINAL_NORMS", "LAYER_KINDS", "ModelConfig", "PEER_ATTENTIONS", "PRESETS", "upgrade_peer_fields"]
 
 ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transformer", "crate")
 BASIS_MAPS = ("exp", "cayley")
@@ -94,6 +94,9 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
+#: Where a classifier's readout puts its LayerNorm (`SequenceClassifier`, `model.final_norm`): on the mean-pooled
+#: vector (the certified kinds' default), on every token before pooling, or nowhere.
+FINAL_NORMS = ("pooled", "tokens", "none")
 #: Values of the peer fields for configs written before the fields existed (version 0.2.0 and older).
 _LEGACY_PEER_FIELDS = {"energy-transformer": ("self_pair", False), "crate": ("readout", "norm-pool")}
 #: Attention kinds of the peer encoders (no certified energy descent; `peers.py`).

@@ -31,9 +31,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import PRESETS, ModelConfig, upgrade_peer_fields
+from .config import FINAL_NORMS, PRESETS, ModelConfig, upgrade_peer_fields
 from .contracts import check_device, check_output_location, check_path_given, check_seed
 from .data.datasets import EVAL_SPLITS, LABELLED_SPLITS
+from .data.embeddings import RANDOM_TABLES
 from .errors import ConfigError
 from .names import CONFIG_VERSION, KINDS_BEFORE_0_3, current_kind, written_before_0_3
 from .utils import atomic_write_text
@@ -70,7 +71,7 @@ class ModelSection(ModelConfig):
     final_norm: str | None = None              # the readout's LayerNorm: pooled | tokens | none; None: the kind's
                                                # default (FINAL_NORM_KINDS: pooled); saved configs without it: none
 
-    def uses_final_norm(self) -> str:
+    def resolved_final_norm(self) -> str:
         """Where the classifier's readout puts a LayerNorm (outside the energy): the setting, or by default
         `pooled` for the certified kinds, whose layers do not normalise the states, and `none` for the others
         (`standard`, `crate` and `energy-transformer` end in their own LayerNorm; `paper*` as published)."""
@@ -263,7 +264,7 @@ class TrainConfig:
         resolved = self.model_config().to_dict()
         model = {k: v for k, v in data["model"].items() if k not in ("preset_name", "tied")}
         model.update({k: v for k, v in resolved.items() if v is not None and k in model})
-        model["final_norm"] = self.model.uses_final_norm()
+        model["final_norm"] = self.model.resolved_final_norm()
         if model["n_classes"] is None and self.data.dataset != "files":
             model["n_classes"] = 2
         return {**data, "model": {k: v for k, v in model.items() if v is not None}}   # unused by the kind: left out
@@ -311,10 +312,10 @@ class TrainConfig:
             (d.max_eval_examples is None or d.max_eval_examples >= 1,
              f"data.max_eval_examples must be >= 1 or null, got {d.max_eval_examples}"),
             (d.embedding_dim >= 1, f"data.embedding_dim must be >= 1, got {d.embedding_dim}"),
-            (self.model.final_norm in (None, "none", "pooled", "tokens"),
-             f"unknown model.final_norm {self.model.final_norm!r}; valid: pooled, tokens, none"),
-            (d.random_table in ("portable", "torch-randn"),
-             f"unknown data.random_table {d.random_table!r}; valid: portable, torch-randn"),
+            (self.model.final_norm is None or self.model.final_norm in FINAL_NORMS,
+             f"unknown model.final_norm {self.model.final_norm!r}; valid: {', '.join(FINAL_NORMS)}"),
+            (d.random_table in RANDOM_TABLES,
+             f"unknown data.random_table {d.random_table!r}; valid: {', '.join(RANDOM_TABLES)}"),
             (d.embeddings in ("minilm", "random") or d.embeddings.startswith(("glove:", "hf:")),
              f"unknown data.embeddings {d.embeddings!r}; valid: minilm, random, glove:PATH, hf:FOLDER"),
             (o.optimizer in OPTIMIZERS, f"unknown optim.optimizer {o.optimizer!r}; valid: {', '.join(OPTIMIZERS)}"),

@@ -192,7 +192,8 @@ def load_embeddings(
 
     ``vocab_texts`` restricts glove to the words of those texts and is the
     vocabulary source for random (required there); ``dim``, ``seed`` and
-    ``generator`` (:func:`random_table`) apply to random only. ``minilm`` ignores all three and is cached per process.
+    ``generator`` (:func:`random_table`) apply to random only. ``minilm`` ignores
+    them all and is cached per process.
     """
     if spec == "minilm":
         return _load_minilm()

@@ -192,8 +192,8 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
         _, _, cfg = load_run(out)
     elif (out / "train.json").exists():
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    elif run_folder_kind(out) is not None:
-        raise ConfigError(f"--out {out}: is {run_folder_kind(out)}, not a language-model run; its files would be "
+    elif (kind := run_folder_kind(out)) is not None:
+        raise ConfigError(f"--out {out}: is {kind}, not a language-model run; its files would be "
                           "overwritten: choose another --out")
     cfg.check()
     check_output_apart("--out", [out / name for name in RUN_FILES], {"--data file": corpus_path(cfg.data)[0]})

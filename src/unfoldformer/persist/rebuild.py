@@ -34,7 +34,7 @@ def build_classifier(cfg: TrainConfig, embeddings) -> SequenceClassifier:
                           f"({cfg.data.embeddings}: {width}), got d_model={mcfg.d_model}")
     return SequenceClassifier(build_encoder(mcfg), embeddings.table, mcfg.d_model, cfg.model.n_classes or 2,
                               trainable_embeddings=cfg.model.trainable_embeddings, project=cfg.model.input_map,
-                              pad_id=embeddings.pad_id, final_norm=cfg.model.uses_final_norm())
+                              pad_id=embeddings.pad_id, final_norm=cfg.model.resolved_final_norm())
 
 
 def split_texts(cfg: TrainConfig, split: str) -> tuple[list[str], list[int]]:

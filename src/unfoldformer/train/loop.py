@@ -102,7 +102,7 @@ class Trainer:
     def _prepare(self) -> None:
         self.cfg, self.label_names = with_classes(self.cfg)       # model.n_classes from the data
         if self.cfg.model.final_norm is None:                     # the kind's default, saved explicitly
-            self.cfg = self.cfg.replace(model__final_norm=self.cfg.model.uses_final_norm())
+            self.cfg = self.cfg.replace(model__final_norm=self.cfg.model.resolved_final_norm())
         cfg, d = self.cfg, self.cfg.data
         _seed_all(cfg.optim.seed)
         self.embeddings = load_embeddings_for(cfg)
