@@ -70,6 +70,9 @@ class ModelSection(ModelConfig):
     n_classes: int | None = None               # None: from the data (2 for sst2 / imdb); a different value is refused
     final_norm: str | None = None              # the readout's LayerNorm: pooled | tokens | none; None: the kind's
                                                # default (FINAL_NORM_KINDS: pooled); saved configs without it: none
+    init: str | None = None                    # start from a pretrained encoder: a zoo encoder's name
+                                               # (minilm-l6-certified) or a DistilledEncoder folder; its layers,
+                                               # architecture and input layer replace kind, d_model, depth, ...
 
     def resolved_final_norm(self) -> str:
         """Where the classifier's readout puts a LayerNorm (outside the energy): the setting, or by default
@@ -297,6 +300,9 @@ class TrainConfig:
         checks = [
             (m.kind in KINDS, f"unknown model.kind {m.kind!r}; valid kinds: {', '.join(KINDS)}"),
             (m.n_classes is None or m.n_classes >= 2, f"model.n_classes must be >= 2, got {m.n_classes}"),
+            (m.init is None or d.embeddings == "minilm",
+             f"model.init needs data.embeddings=minilm (the word pieces its encoder was distilled on), got "
+             f"{d.embeddings!r}"),
             (d.dataset in EVAL_SPLITS or d.dataset == "files",
              f"unknown data.dataset {d.dataset!r}; valid: {', '.join(EVAL_SPLITS)} (or data.train_file FILE)"),
             (d.dataset != "files" or d.train_file is not None, "data.dataset='files' needs data.train_file"),

@@ -229,6 +229,33 @@ def _load_minilm() -> StaticEmbeddings:
     return emb
 
 
+@functools.lru_cache(maxsize=1)
+def minilm_input_layer() -> dict[str, Any]:
+    """The rest of MiniLM's input layer beside its word table (the package's weights, sha256-checked):
+    `position` (P, d) with token type 0 added, the LayerNorm's `weight` / `bias` (d,), `eps`, and the
+    `cls_id` / `sep_id` of its tokenizer. A classifier started from a distilled encoder rebuilds the
+    encoder's anchor X from these (`classifier.BertInput`)."""
+    import json
+
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
+    folder = _minilm_folder()
+    verify_installed_files(MINILM_PACKAGE, [folder / "tokenizer.json", folder / "model.safetensors",
+                                            folder / "config.json"])
+    tensors = {}
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        for key in handle.keys():
+            for suffix in ("position_embeddings.weight", "token_type_embeddings.weight", "LayerNorm.weight",
+                           "LayerNorm.bias"):
+                if key.endswith("embeddings." + suffix):
+                    tensors[suffix] = handle.get_tensor(key).float()
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eps = float(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("layer_norm_eps", 1e-12))
+    return {"position": tensors["position_embeddings.weight"] + tensors["token_type_embeddings.weight"][0],
+            "weight": tensors["LayerNorm.weight"], "bias": tensors["LayerNorm.bias"], "eps": eps,
+            "cls_id": tokenizer.token_to_id("[CLS]"), "sep_id": tokenizer.token_to_id("[SEP]")}
+
+
 def _load_hf(path: Path) -> StaticEmbeddings:
     folder = path.expanduser().resolve()
     if not (folder / "tokenizer.json").is_file():

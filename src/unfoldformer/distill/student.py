@@ -43,7 +43,12 @@ def _fill_frozen(module: nn.Module, state: dict, prefix: str, *args) -> None:
 
 
 class DistilledEncoder(PretrainedMixin, nn.Module):
-    """Teacher input layer -> certified stack (anchored at its output) -> readout (module doc)."""
+    """Teacher input layer -> certified stack (anchored at its output) -> readout (module doc).
+
+    Loading widens float16 weights (the zoo stores its encoders so) to float32: the certified stack and its
+    energies compute in float32 / float64 whatever the stored precision."""
+
+    widen_on_load = True
 
     def __init__(self, config: ModelConfig, *, teacher: str = MINILM, readout: str = "linear",
                  trainable_embeddings: bool = False, max_length: int = 128):

@@ -200,6 +200,8 @@ def load_model(cls: type, source: str | os.PathLike, *, revision: str | None = N
     if missing or unexpected:
         raise PretrainedError(f"{folder}: the weights do not fit a {name} (missing {sorted(missing)[:4]}, "
                               f"unexpected {sorted(unexpected)[:4]})")
+    if getattr(target, "widen_on_load", False):           # stored in float16 to save space, computes in float32
+        model = model.float()
     return model.to(map_location).eval()
 
 

