@@ -84,11 +84,11 @@ def _variant(lam: float, norm: str, bound: str) -> str:
 
 
 def run(model_name: str, seed: int, iters: int, lam: float = 1.0, norm: str = "length", bound: str = "none",
-        val_windows: int | None = None) -> Path:
+        val_windows: int | None = None, width: int = 128) -> Path:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = LMTrainConfig(model=model_name, seed=seed, iters=iters, eval_interval=max(1, iters // 4), eval_windows=100,
-                        anchor_weight=lam, attention_norm=norm, ffn_bound=bound)
-    variant = _variant(lam, norm, bound) if model_name != "standard" else ""
+                        anchor_weight=lam, attention_norm=norm, ffn_bound=bound, width=width)
+    variant = (_variant(lam, norm, bound) if model_name != "standard" else "") + ("" if width == 128 else f"-w{width}")
     folder = SCRATCH / f"{model_name}{variant}-seed{seed}-iters{iters}"
     resume = (folder / "state.pt").is_file()
     train(cfg, folder, resume=resume, device="cpu", progress=False)
@@ -232,6 +232,8 @@ def main() -> int:
     r.add_argument("--model", choices=MODELS, required=True)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--iters", type=int, default=2000)
+    r.add_argument("--width", type=int, default=128, help="the model's width (default 128, nanoGPT's); another "
+                   "width is a variant, e.g. a standard decoder with the certified one's parameter count")
     r.add_argument("--anchor-weight", type=float, default=1.0, help="certified: λ (default 1, the preset's)")
     r.add_argument("--attention-norm", choices=("length", "none"), default="length")
     r.add_argument("--ffn-bound", choices=("none", "spectral"), default="none")
@@ -243,7 +245,7 @@ def main() -> int:
         write_json(RESULTS / "step_times.json", step_times())
     elif args.cmd == "run":
         run(args.model, args.seed, args.iters, args.anchor_weight, args.attention_norm, args.ffn_bound,
-            args.val_windows)
+            args.val_windows, args.width)
     elif args.cmd == "figure":
         print(figure())
     else:
