@@ -32,14 +32,15 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from unfoldformer.data import load_sst2  # noqa: E402
+from unfoldformer.data import load_dataset  # noqa: E402
 from unfoldformer.data.batching import seeded_subset  # noqa: E402
 from unfoldformer.recipe import TrainConfig  # noqa: E402
 from unfoldformer.utils import write_json  # noqa: E402
 
 RESULTS = HERE / "results" / "pretrained"
 OPTIM = {"lr": 1e-3, "weight_decay": 0.01, "warmup": 0.1, "batch_size": 32, "grad_clip": 1.0}
-MAX_LENGTH = 64
+MAX_LENGTH = {"sst2": 64, "imdb": 126}
+EVAL = {"sst2": ("dev", None), "imdb": ("test", 1000)}             # (split, fixed seeded subset or all)
 
 
 def certified(model: str, seed: int, args) -> dict:
@@ -53,8 +54,8 @@ def certified(model: str, seed: int, args) -> dict:
             init = str(fresh.save_pretrained(Path(tmp) / "scratch"))
         cfg = TrainConfig.from_dict({
             "model": {"init": init},
-            "data": {"dataset": "sst2", "max_length": MAX_LENGTH, "embeddings": "minilm",
-                     "max_train_examples": args.train_examples},
+            "data": {"dataset": args.dataset, "max_length": MAX_LENGTH[args.dataset], "embeddings": "minilm",
+                     "max_train_examples": args.train_examples, "max_eval_examples": EVAL[args.dataset][1]},
             "optim": {**OPTIM, "epochs": args.epochs, "seed": seed},
             "run": {"out_dir": str(Path(tmp) / "run"), "progress": False, "checkpoint_every": 10_000}})
         summary = train(cfg)
@@ -70,8 +71,11 @@ def minilm(seed: int, args) -> dict:
     bert.requires_grad_(True)
     torch.manual_seed(seed)
     head = torch.nn.Linear(teacher.dim, 2)
-    train_set, dev = load_sst2("train"), load_sst2("dev")
-    rows = seeded_subset(len(train_set), args.train_examples, seed=0)
+    split, limit = EVAL[args.dataset]
+    train_set, dev = load_dataset(args.dataset, "train"), load_dataset(args.dataset, split)
+    rows = seeded_subset(len(train_set), args.train_examples)          # the training pipeline's subsets
+    kept = seeded_subset(len(dev), limit)
+    dev = dev if kept is None else [dev[i] for i in kept]
     texts, labels = [train_set[i].text for i in rows], torch.tensor([train_set[i].label for i in rows])
     params = list(bert.parameters()) + list(head.parameters())
     optimizer = torch.optim.AdamW(params, lr=args.minilm_lr, weight_decay=OPTIM["weight_decay"])
@@ -81,7 +85,7 @@ def minilm(seed: int, args) -> dict:
                                                  0.5 * (1 + math.cos(math.pi * (s - warm) / max(total - warm, 1))))
 
     def logits(batch_texts):
-        ids, mask = teacher.word_pieces.encode(batch_texts, MAX_LENGTH + 2)
+        ids, mask = teacher.word_pieces.encode(batch_texts, MAX_LENGTH[args.dataset] + 2)
         states = bert(input_ids=ids, attention_mask=(~mask).long()).last_hidden_state      # (B, n, d)
         return head(mean_pool(states, mask))
 
@@ -106,21 +110,23 @@ def minilm(seed: int, args) -> dict:
 
 
 def table() -> str:
-    rows = {}
+    rows: dict = {}
     for path in sorted(RESULTS.glob("finetune-*-seed*.json")):
         rec = json.loads(path.read_text())
-        rows.setdefault(rec["model"], []).append(100 * rec["accuracy"])
-    lines = ["| model | SST-2 dev accuracy, mean ± sd (%) | seeds |", "|---|---|---|"]
-    for model in ("distilled", "scratch", "minilm"):
-        if model in rows:
-            acc = np.array(rows[model])
-            lines.append(f"| {model} | {acc.mean():.1f} ± {acc.std(ddof=1) if len(acc) > 1 else 0:.1f} | "
-                         f"{', '.join(f'{a:.1f}' for a in acc)} |")
+        rows.setdefault((rec["dataset"], rec["model"]), []).append(100 * rec["accuracy"])
+    lines = ["| data (evaluation) | model | accuracy, mean ± sd (%) | seeds |", "|---|---|---|---|"]
+    for dataset, evaluation in (("sst2", "SST-2 dev"), ("imdb", "IMDB test, 1,000")):
+        for model in ("distilled", "scratch", "minilm"):
+            if (dataset, model) in rows:
+                acc = np.array(rows[dataset, model])
+                lines.append(f"| {evaluation} | {model} | {acc.mean():.1f} ± "
+                             f"{acc.std(ddof=1) if len(acc) > 1 else 0:.1f} | {', '.join(f'{a:.1f}' for a in acc)} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=tuple(MAX_LENGTH), default="sst2")
     parser.add_argument("--models", nargs="+", default=["distilled", "scratch", "minilm"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--encoder", default="minilm-l6-certified")
@@ -136,14 +142,15 @@ def main() -> int:
         return 0
     for seed in args.seeds:
         for model in args.models:
-            path = RESULTS / f"finetune-{model}-seed{seed}.json"
+            path = RESULTS / f"finetune-{args.dataset}-{model}-seed{seed}.json"
             if path.exists():
                 continue
             started = time.time()
             result = minilm(seed, args) if model == "minilm" else certified(model, seed, args)
             record = {"model": model, "seed": seed, "encoder": args.encoder if model != "minilm" else None,
-                      "dataset": "sst2", "eval": "dev (872)", "train_examples": args.train_examples,
-                      "epochs": args.epochs, "max_length": MAX_LENGTH, **result, "wall_s": time.time() - started}
+                      "dataset": args.dataset, "eval": "dev (872)" if args.dataset == "sst2" else "test (1,000)",
+                      "train_examples": args.train_examples, "epochs": args.epochs,
+                      "max_length": MAX_LENGTH[args.dataset], **result, "wall_s": time.time() - started}
             write_json(path, record)
             print(f"{model} seed {seed}: {100 * record['accuracy']:.2f} % ({record['wall_s']:.0f} s)", flush=True)
     return 0

@@ -154,7 +154,7 @@ def test_a_classifier_started_from_the_encoder_reads_its_input_and_runs_its_laye
     assert torch.equal(ours, reference)                                    # the same layers, bit for bit
 
 
-def test_train_from_the_zoo_encoder_on_a_csv_then_load_and_predict(tmp_path, monkeypatch):
+def test_train_from_the_zoo_encoder_on_a_csv_then_load_and_predict(tmp_path, monkeypatch, capsys):
     import csv
     import random
 
@@ -170,6 +170,9 @@ def test_train_from_the_zoo_encoder_on_a_csv_then_load_and_predict(tmp_path, mon
             label = rng.choice(["pos", "neg"])
             writer.writerow([f"{rng.choice(words[label])} {rng.choice(['!', '.', 'indeed', ''])}", label])
     out = tmp_path / "run"
+    assert main(["train", "--model.init", NAMES[0], "--print-config"]) == 0    # the encoder's architecture shown
+    shown = json.loads(capsys.readouterr().out)["model"]
+    assert (shown["init"], shown["d_model"], shown["depth"], shown["n_heads"]) == (NAMES[0], 384, 6, 12)
     assert main(["train", "--data.train_file", str(tmp_path / "reviews.csv"), "--model.init", NAMES[0],
                  "--optim.epochs", "2", "--run.out_dir", str(out)]) == 0
     saved = json.loads((out / "config.json").read_text())["model"]

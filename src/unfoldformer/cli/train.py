@@ -60,8 +60,9 @@ def run(args: argparse.Namespace) -> int:
         overrides += ["--run.device", args.device]
     cfg = build_config(args.config, overrides, args.resume)
     if args.print_config:
+        from ..persist.rebuild import resolve_init
         cfg.validate(check_data=False)
-        print(json.dumps(cfg.resolved_dict(), indent=2))
+        print(json.dumps(resolve_init(cfg).resolved_dict(), indent=2))   # model.init: its encoder's architecture
         return 0
     summary = train(cfg, resume=args.resume, config_file=args.config)
     if int(os.environ.get("RANK", "0")) == 0:
