@@ -166,8 +166,8 @@ def table() -> str:
              "windows of 64 characters; nanoGPT reports 1.88 for its standard model, estimated on 20 random "
              "batches. The last column: validation tokens whose conditional energy no layer raised, evaluated in "
              "float64 from the float32 states (certified, THEORY §3.11); the sequence energy G is not certified "
-             "and not counted here. `standard-wN`: the standard decoder at width N, a parameter-matched diagnosis of the "
-             "gap. Guide: [A certified language model](../guides/language-model.md).", "",
+             "and not counted here. `standard-wN`: the standard decoder at width N, a parameter-matched diagnosis "
+             "of the gap. Guide: [A certified language model](../guides/language-model.md).", "",
              "| model | seed | iterations | parameters | val loss | tokens/s (train, 1 thread) "
              "| tokens never rising |", "|---|---|---|---|---|---|---|"]
     for r in rows:

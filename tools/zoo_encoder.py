@@ -93,7 +93,8 @@ def main() -> int:
         metrics[f"linear probe, {task}"] = round(value, 4)
     chosen.card = {"metrics": metrics,
                    "training": f"{summary['steps']} steps of {cfg.batch_size} windows "
-                               f"({summary['epochs']:.2f} epochs), loss {cfg.loss} + {cfg.sentence_weight} x sentence cosine, lr {cfg.lr}; run "
+                               f"({summary['epochs']:.2f} epochs), loss {cfg.loss} + {cfg.sentence_weight} x "
+                               f"sentence cosine, lr {cfg.lr}; run "
                                f"{summary['run_id']}; weights stored in {record['stored']}, widened to float32 on "
                                "load",
                    "data": f"{summary['windows']:,} windows (SST-2 training sentences, IMDB training and "
