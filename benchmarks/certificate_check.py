@@ -3,7 +3,8 @@
 learned steps and bases, tied and untied, λ down to 1e-4, γ down to 1e-6) and adversarial token sets
 (`strategies.token_sets`: offsets and norms up to 1e3, far clusters, identical tokens, padding), float64 and
 float32. Each drawn model runs plain (`return_energies=True`) and with `safeguard=True`; an independent
-evaluation of the layer energy from explicit pair differences in long double (numpy, this file) judges it:
+evaluation of the layer energy from explicit pair differences in long double (numpy, `tests/references.py`)
+judges it:
 
 - reported rises not confirmed: the curve says E rose beyond descent_tolerance·(1 + |E|), the reference does not;
 - safeguard backtracks of joint layers: float64 steps the safeguard shortened or skipped; float32 samples it
@@ -31,50 +32,16 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from references import reference_layer_energy  # noqa: E402
 from strategies import joint_models, token_sets  # noqa: E402
 from unfoldformer.descent import descent_tolerance  # noqa: E402
 from unfoldformer.joint import JointStack  # noqa: E402
-from unfoldformer.rho import get_rho  # noqa: E402
 
 LD = np.longdouble
 VERBOSE = False
 COUNTS = ("models", "float64_models", "float32_models", "layer_steps", "reported_rises", "rises_unconfirmed",
           "float64_backtracks", "float32_kept", "float32_kept_unconfirmed", "float32_accepted",
           "float32_accepted_rising", "energies", "energies_beyond_tolerance", "plain_traced_differ")
-
-
-def reference_energy(stack, Yt: torch.Tensor, Xt: torch.Tensor, pad: torch.Tensor) -> np.ndarray:
-    """E(Ỹ) of a depth-1 joint model in its own coordinates (the states Ỹ, X̃ the model stepped between; the
-    operators of `stack.frame64(0)`: the stored parameters converted to float64 exactly, W̃ = QᵀW₁, s_h or A_h
-    per contiguous head), from explicit pair differences in long double: (B,)."""
-    f = stack.frame64(0)
-    layer = f.layer
-    att = layer.attention
-    H = att.H
-    gamma = float(layer.gamma.detach()) if isinstance(layer.gamma, torch.Tensor) else float(layer.gamma)
-    C = stack.heads(Yt.double().where(~pad[..., None], 0.0), H)       # (B, n, H, dh), rotated with rotary
-    if f.A is None:
-        maps = torch.stack([s * torch.eye(C.shape[-1], dtype=torch.float64) for s in f.scales.detach()])
-    else:
-        maps = f.A.detach()                                             # (H, dh, dh) A_h
-    A = maps.double().numpy().astype(LD)
-    W, b = f.W.detach().double().numpy().astype(LD), f.b.detach().double().numpy().astype(LD)
-    rho = get_rho(att.rho)
-    out = []
-    for s in range(Yt.shape[0]):
-        real = ~pad[s]
-        c = C[s][real].numpy().astype(LD)                               # (n, H, dh)
-        y, x = Yt[s][real].double().numpy().astype(LD), Xt[s][real].double().numpy().astype(LD)
-        n = c.shape[0]
-        a = np.einsum("ijhe,hke->hijk", c[:, None] - c[None], A)        # (H, n, n, dh) explicit pair differences
-        zz = 0.5 * (a * a).sum(-1)                                      # (H, n, n)
-        upper = np.triu(np.ones((n, n), bool), 1)
-        vals = rho.value(torch.from_numpy(zz.astype(np.float64))).numpy().astype(LD)
-        e_att = (vals * upper).sum() / (n if att.length_norm else 1)
-        h = np.maximum(y @ W + b, 0)
-        e_h = 0.5 * (y * y).sum() - 0.5 * (h * h).sum()
-        out.append(e_att + (0.5 * ((y - x) ** 2).sum() + gamma * e_h) / att.lam)
-    return np.array(out, dtype=LD)
 
 
 def _rise(before, after, tol: float):
@@ -110,8 +77,8 @@ def judge(model, X: torch.Tensor, pad: torch.Tensor, counts: dict) -> None:
         stack = JointStack(model, X, ~pad, exact=True)
         Xt = stack.anchor(0)
         Yt = stack.trial(0, stack.start(), None, None, 1.0, False, False).output
-    e0 = reference_energy(stack, Xt, Xt, pad)
-    e1 = reference_energy(stack, Yt, Xt, pad)
+    e0 = reference_layer_energy(stack, Xt, Xt, pad)
+    e1 = reference_layer_energy(stack, Yt, Xt, pad)
     real = np.array([bool(_rise(a, b, tol)) for a, b in zip(e0, e1)])
     counts["rises_unconfirmed"] += int((reported[:, 0].numpy() & ~real).sum())
     for lib, ref in ((traced.layer_before[:, 0], e0), (traced.layer_after[:, 0], e1)):

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .rho import Rho, get_rho
-from .softmax import attention_pass, mass_energy
+from .softmax import attention_pass, logit_error_bound, mass_energy
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
@@ -140,21 +140,32 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
 
     Y: (B, n, d); factors: (H, k, d) or (k, d); `padding_mask` (B, n) bool, True marks padding.
     For ρ = exp, `method="fused"` (default) runs `softmax_attention_energy` (one fused float64 pass,
-    padding-aware); `method="gram"` the float64 Gram-matrix path, the reference.
+    padding-aware); `method="gram"` the float64 Gram-matrix path, the reference; `method="pairs"` explicit
+    pair differences (`pair_difference_energy`: no cancellation, O(n²·d) work, for far-spread tokens).
     """
     valid = check_states(Y, padding_mask, check_finite=check_finite)
     F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
     r = get_rho(rho)
-    if method not in ("fused", "gram"):
-        raise ValueError(f"unknown method {method!r}; valid: fused, gram")
+    if method not in ("fused", "gram", "pairs"):
+        raise ValueError(f"unknown method {method!r}; valid: fused, gram, pairs")
+    if method == "pairs":
+        return pair_difference_energy(Y, F, r, valid)
     Y = centred_states(Y, valid)                                   # (B, n, d) same z_ij, no common offset
     if r.softmax and method == "fused":
         return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size)
+    return gram_attention_energy(Y, F, r, valid, chunk_size=chunk_size)[0]
+
+
+def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_size: int | None = None
+                          ) -> tuple[Tensor, Tensor]:
+    """E_A of centred states Y (B, n, d) from Gram matrices, and Σ_h Σ_{i<j} ρ'(z_ij) (the slope sum of
+    `attention_error_bound`): ((B,), (B,)) float64. F (H, k, d) in Y's dtype, `valid` (B, n) (unchecked)."""
     a = head_features(Y, F).to(torch.float64)                      # (B, H, n, k), features in Y's precision
     sq = (a * a).sum(-1)                                           # (B, H, n)
     B, H, n, _ = a.shape
     step = _chunk_size(B, H, n, chunk_size)
     total = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    slopes = torch.zeros(B, dtype=torch.float64, device=Y.device)
     cols = torch.arange(n, device=Y.device)
     for s in range(0, n, step):
         e = min(n, s + step)
@@ -168,9 +179,49 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
             total = total - 0.5 * row_sums.sum(dim=(1, 2))
         else:
             z = pair_distances(a[:, :, s:e], a, sq[:, :, s:e], sq)      # (B, H, c, n)
-            vals = torch.where(pair, r.value(z), torch.zeros((), dtype=z.dtype, device=z.device))
-            total = total + 0.5 * vals.sum(dim=(1, 2, 3))
+            zero = torch.zeros((), dtype=z.dtype, device=z.device)
+            total = total + 0.5 * torch.where(pair, r.value(z), zero).sum(dim=(1, 2, 3))
+            slopes = slopes + 0.5 * torch.where(pair, r.derivative(z), zero).detach().sum(dim=(1, 2, 3))
+    return total, (-total.detach() if r.softmax else slopes)      # exp: ρ' = e^{−z} = |ρ|, so the sum is |E_A|
+
+
+def pair_difference_energy(Y: Tensor, F: Tensor, rho: str | Rho, valid: Tensor) -> Tensor:
+    """E_A from explicit pair differences, z_ij = ½‖(y_i − y_j) F_hᵀ‖² with the difference of the states formed
+    first (in float64): each z_ij carries a few u relative, never u·R² (no cancellation), so the result errs by
+    ~u·Σ|ρ(z)|·(d + k) whatever the spread. O(n²·d·H·k) work in chunks of queries: the fallback for the rare
+    far-spread samples whose Gram-form error bound exceeds what they are judged with (`attention_error_bound`),
+    not the fast path. Y (B, n, d), F (H, k, d), `valid` (B, n) True = real: (B,) float64."""
+    r = get_rho(rho)
+    Yd = Y.to(torch.float64).where(valid[..., None], 0.0)          # (B, n, d)
+    Fd = F.to(torch.float64)                                       # (H, k, d)
+    B, n, d = Yd.shape
+    width = max(d, Fd.shape[0] * Fd.shape[1])
+    step = max(1, min(n, _CHUNK_ELEMENTS // max(1, B * n * width)))
+    total = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    cols = torch.arange(n, device=Y.device)
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        diff = Yd[:, s:e, None, :] - Yd[:, None, :, :]             # (B, c, n, d) y_i − y_j
+        z = 0.5 * torch.einsum("bcnd,hkd->bhcnk", diff, Fd).square().sum(-1)   # (B, H, c, n)
+        pair = valid[:, None, s:e, None] & valid[:, None, None, :] & (cols[s:e, None] < cols[None, :])  # i < j
+        total = total + torch.where(pair, r.value(z), torch.zeros((), dtype=z.dtype, device=z.device)).sum((1, 2, 3))
     return total
+
+
+def feature_radius_sq(Y: Tensor, F: Tensor, valid: Tensor) -> Tensor:
+    """R² = max over heads and real tokens of ‖(y_i − mean) F_hᵀ‖² (the centred features' largest squared norm,
+    which sets the Gram form's round-off): Y (B, n, d), F (H, k, d) -> (B,) float64."""
+    a = head_features(centred_states(Y, valid), F.to(Y.dtype)).detach()   # (B, H, n, k)
+    sq = torch.linalg.vector_norm(a, dim=-1, dtype=torch.float64).square()   # (B, H, n)
+    return sq.where(valid[:, None, :], 0.0).amax(dim=(1, 2))
+
+
+def attention_error_bound(radius_sq: Tensor, slope_sum: Tensor, k: int) -> Tensor:
+    """First-order bound on the float64 round-off of E_A from the Gram form or the fused pass of centred
+    features: |ΔE_A| ≤ 4γ_{k+4}R²·Σ_h Σ_{i<j} ρ'(z_ij) (each z_ij errs by ≤ 4γ_{k+4}R², `softmax.logit_error_bound`,
+    and ρ' bounds ρ's change; for ρ = exp the same bound is relative on every weight, and the slope sum is
+    |E_A|): (B,) from `feature_radius_sq` and the slope sum (B,)."""
+    return logit_error_bound(radius_sq, k, torch.float64) * slope_sum
 
 
 def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk_size: int | None = None,

@@ -178,11 +178,13 @@ class JointStack(RotatedStack):
     def _joint_terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, carry: JointCarry | None) -> EnergyTerms:
         """E_ℓ's terms at Y from the pass and hidden row squares at Y (None: computed): (w E_A + λ⁻¹½‖Y − X‖²,
         (γ/λ) E_H)."""
+        # γ/λ in float64: a float32 γ (learned steps) over λ would round the quotient to float32, an error of
+        # u₃₂·|(γ/λ)E_H| in the energy (above the float32 tolerance where E_H is large)
+        scale = torch.as_tensor(f.layer.gamma, dtype=torch.float64) / torch.as_tensor(f.layer.attention.lam,
+                                                                                       dtype=torch.float64)
         if carry is None:
-            terms = self._terms(f, Y, Xr, valid, None, None)
-        else:
-            terms = self._terms(f, Y, Xr, valid, carry.attention, None, carry.hidden_squares)
-        return EnergyTerms(terms.attention, terms.ffn * (f.layer.gamma / f.layer.attention.lam))
+            return self._terms(f, Y, Xr, valid, None, None, ffn_scale=scale)
+        return self._terms(f, Y, Xr, valid, carry.attention, None, carry.hidden_squares, ffn_scale=scale)
 
     def trial(self, ell: int, Y: Tensor, rows: Tensor | None, carry: JointCarry | None, scale: float,
               substeps: bool, need_input: bool) -> LayerTrace:

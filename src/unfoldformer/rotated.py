@@ -33,6 +33,7 @@ import torch.nn.functional as F_nn
 from torch import Tensor
 
 from . import energy as E
+from .descent import descent_tolerance
 from .kernels import weighted_average
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, length_weight
 from .metrics import metric_kernel_update, metric_softmax_update
@@ -322,26 +323,58 @@ class RotatedStack:
         return attention_pass(C, f.scales if f.A is None else None, valid, average=average, metric=f.A)
 
     def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, attention: AttentionPass | None,
-               hidden: Tensor | None, hidden_squares: Tensor | None = None) -> EnergyTerms:
-        """E_ℓ's terms at Y (this basis): E_A (/n with length normalisation) + λ⁻¹½‖Y − X‖² and E_H, squares
-        summed per row then in float64.
+               hidden: Tensor | None, hidden_squares: Tensor | None = None, ffn_scale: float | Tensor = 1.0
+               ) -> EnergyTerms:
+        """E_ℓ's terms at Y (this basis): E_A (/n with length normalisation) + λ⁻¹½‖Y − X‖² and `ffn_scale`·E_H,
+        squares summed per row then in float64.
 
         `attention`: the pass at Y (computed when None); `hidden`: ReLU(Y W̃ + b) when known, or its row squares
-        `hidden_squares` (B, n)."""
+        `hidden_squares` (B, n). A float64 evaluation whose E_A round-off bound (`energy.attention_error_bound`)
+        exceeds a quarter of the tolerance the energy is judged with (the states' dtype) takes E_A from explicit
+        pair differences for those samples instead (`_exact_attention`)."""
         att = f.layer.attention
+        B, n, d = Y.shape
+        Z = None
         if self.exp:
             attention = attention if attention is not None else self._pass(f, Y, valid, average=False)
             e_attention = mass_energy(attention, valid)
+            slopes = -e_attention.detach()                          # Σ_{i<j} e^{−z_ij} = |E_A|
         else:
-            B, n, d = Y.shape
             Z = self.heads(Y, att.H).reshape(B, n, d)               # rotated coordinates (rotary)
-            e_attention = E.attention_energy(Z, block_factors(f, d), att.rho, ~valid, check_finite=False)
-        if att.length_norm:
-            e_attention = e_attention * length_weight(valid)        # E_A / n (THEORY §3.7)
-        e_attention = e_attention + 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
+            F = block_factors(f, d)
+            e_attention, slopes = E.gram_attention_energy(E.centred_states(Z, valid), F, get_rho(att.rho), valid)
+        weight = length_weight(valid) if att.length_norm else None  # 1/n (THEORY §3.7)
+        anchor = 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
         if f.W is None:
-            return EnergyTerms(e_attention, torch.zeros_like(e_attention))
-        if hidden_squares is None:
-            hidden_squares = _row_squares(_hidden(Y, f) if hidden is None else hidden)   # (B, n)
-        e_ffn = 0.5 * (_total(_row_squares(Y), valid) - _total(hidden_squares, valid))
-        return EnergyTerms(e_attention, e_ffn)
+            e_ffn = torch.zeros_like(e_attention)
+        else:
+            if hidden_squares is None:
+                hidden_squares = _row_squares(_hidden(Y, f) if hidden is None else hidden)   # (B, n)
+            e_ffn = 0.5 * (_total(_row_squares(Y), valid) - _total(hidden_squares, valid)) * ffn_scale
+        if Y.dtype == torch.float64:
+            e_attention = self._exact_attention(f, Y, Z, valid, e_attention, slopes, weight, anchor + e_ffn)
+        if weight is not None:
+            e_attention = e_attention * weight
+        return EnergyTerms(e_attention + anchor, e_ffn)
+
+    def _exact_attention(self, f: _Frame, Y: Tensor, Z: Tensor | None, valid: Tensor, e_attention: Tensor,
+                         slopes: Tensor, weight: Tensor | None, rest: Tensor) -> Tensor:
+        """E_A with the samples whose float64 round-off bound 4γ_{k+4}R²·Σρ' (times w) exceeds
+        ¼·descent_tolerance(states' dtype)·(1 + |E|) recomputed from explicit pair differences (tokens spread
+        far apart, with some pairs close: the Gram form's u·R² then outweighs the tolerance; docs/theory.md,
+        "Numerics of the fast paths"). (B,) float64."""
+        att = f.layer.attention
+        B, n, d = Y.shape
+        if n < 2:
+            return e_attention
+        Z = self.heads(Y, att.H).reshape(B, n, d) if Z is None else Z   # (B, n, d) rotated coordinates
+        F = block_factors(f, d)                                      # (H, k, d)
+        w = 1.0 if weight is None else weight
+        bound = w * E.attention_error_bound(E.feature_radius_sq(Z, F, valid), slopes, F.shape[1])   # (B,)
+        total = (w * e_attention + rest).detach()
+        far = bound > 0.25 * descent_tolerance(self.X.dtype) * (1 + total.abs())
+        if not bool(far.any()):
+            return e_attention
+        rows = far.nonzero()[:, 0]
+        exact = E.pair_difference_energy(Z[rows], F, att.rho, valid[rows])   # (r,)
+        return e_attention.index_put((rows,), exact)
