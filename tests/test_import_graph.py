@@ -22,7 +22,7 @@ FLOORS = {
     # 1, the core: energies, steps, layers, tolerances, contracts; imports nothing above it.
     **dict.fromkeys(["rho", "energy", "kernels", "softmax", "steps", "joint", "layers", "rotated", "metrics",
                      "positions", "descent", "contracts", "errors", "utils", "bases", "blockpool", "released",
-                     "version", "names", "causal"], 1),
+                     "version", "names", "causal", "threads"], 1),
     # 2, models and their inputs: configs, encoders, classifier, the mixin, the recipe, the data.
     **dict.fromkeys(["config", "config_files", "model", "encoder", "baselines", "peers", "classifier", "pretrained",
                      "recipe", "data", "decoder", "gpt"], 2),

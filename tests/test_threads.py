@@ -26,3 +26,93 @@ def _policy(first: str, env_policy: str | None) -> str:
 ])
 def test_the_wait_policy_is_passive_unless_chosen_or_too_late(first, env_policy, expected):
     assert _policy(first, env_policy) == expected
+
+
+# ----------------------------------------------------------------------------- threads for the free cores
+@pytest.fixture
+def fake_load(monkeypatch):
+    """`threads._counters` replaced by a clock the test advances: `load(others, own)` adds one window in which
+    other processes kept `others` cores busy and this process `own` cores, on 2 allowed CPUs."""
+    import torch
+
+    from unfoldformer import threads
+    threads.set_policy("free-cores")
+    monkeypatch.setattr(threads, "_cpus", lambda: {0, 1})
+    clock = {"t": 0.0, "busy": 0, "total": 0, "own": 0}
+
+    def counters():
+        return clock["t"], clock["busy"], clock["total"], clock["own"]
+
+    def load(others: float, own: float, window: float = 1.0):
+        ticks = 100 * window                                        # USER_HZ per CPU
+        clock["t"] += window
+        clock["busy"] += round((others + own) * ticks)
+        clock["total"] += round(2 * ticks)
+        clock["own"] += round(own * ticks)
+
+    monkeypatch.setattr(threads, "_counters", counters)
+    monkeypatch.setattr(threads, "_clock", lambda: clock["t"])
+    monkeypatch.setattr(threads, "_STATE", threads._State())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    threads.free_cores()                                            # the first sample
+    yield load
+    torch.set_num_threads(before)
+
+
+def test_threads_follow_the_free_cores_and_never_exceed_the_users_count(fake_load):
+    import torch
+
+    from unfoldformer import threads
+    fake_load(others=1.0, own=1.0)                                  # one core busy with another process
+    assert threads.adapt() == 1 and torch.get_num_threads() == 1
+    fake_load(others=0.0, own=1.0)                                  # idle again: the user's 2 come back
+    assert threads.adapt() == 2 and torch.get_num_threads() == 2
+    fake_load(others=0.3, own=1.7)                                  # a little background work: still 2
+    assert threads.adapt() == 2
+    torch.set_num_threads(1)                                        # the user asks for 1: never raised above it
+    fake_load(others=0.0, own=1.0)
+    assert threads.adapt() == 1 and torch.get_num_threads() == 1
+    fake_load(others=2.0, own=0.0)                                  # every core busy: at least 1 thread
+    assert threads.adapt() == 1
+
+
+def test_the_fixed_policy_and_a_missing_proc_leave_the_count_alone(fake_load, monkeypatch):
+    import torch
+
+    from unfoldformer import threads
+    fake_load(others=1.0, own=1.0)
+    threads.set_policy("fixed")
+    assert threads.adapt() == 2 and torch.get_num_threads() == 2
+    threads.set_policy("free-cores")
+    monkeypatch.setattr(threads, "_counters", lambda: None)         # not Linux, or /proc unreadable
+    monkeypatch.setattr(threads, "_STATE", threads._State())
+    assert threads.adapt() == 2 and torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="unknown thread policy 'sometimes'"):
+        threads.set_policy("sometimes")
+
+
+def test_a_forward_adapts_and_the_environment_can_fix_the_count():
+    """A real busy process beside a forward at 2 threads: the model's forward sets 1 thread (read from /proc);
+    with UNFOLDFORMER_THREADS=fixed it keeps 2. Skipped without /proc or with fewer than 2 allowed CPUs."""
+    if not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs /proc and 2 CPUs")
+    probe = ("import time, torch, subprocess, sys\n"
+             "import unfoldformer as uf\n"
+             "torch.set_num_threads(2)\n"
+             "busy = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(NBUSY)]\n"
+             "enc = uf.CertifiedEncoder(uf.CertifiedEncoderLayer(8, 2, 16), 2)\n"
+             "try:\n"
+             "    for _ in range(6):\n"
+             "        enc(torch.randn(2, 4, 8)); time.sleep(0.3)\n"
+             "finally:\n"
+             "    [b.kill() for b in busy]\n"
+             "print(torch.get_num_threads())\n")
+    cpus = len(os.sched_getaffinity(0))
+    for env_value, expected in ((None, 1), ("fixed", 2)):
+        env = {k: v for k, v in os.environ.items() if k != "UNFOLDFORMER_THREADS"}
+        if env_value is not None:
+            env["UNFOLDFORMER_THREADS"] = env_value
+        out = subprocess.run([sys.executable, "-c", probe.replace("NBUSY", str(cpus - 1))], env=env,
+                             capture_output=True, text=True, check=True, timeout=120)
+        assert int(out.stdout.strip()) == expected

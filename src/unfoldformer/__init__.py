@@ -25,7 +25,9 @@ import sys as _sys
 # workers hold a core for milliseconds after every parallel region, which on a machine whose cores are shared
 # (another process, or the blocked kernel's worker threads, `blockpool`) made 2 threads slower than 1
 # (docs/results/speed.md, "Threads"). OpenMP reads the variable when torch is first imported, so this takes
-# effect only if unfoldformer is imported first (the command line always is); otherwise set it yourself.
+# effect only if unfoldformer is imported first (the command line always is). Whatever the import order, the
+# library's forwards and energies size torch's thread count to the cores other processes leave free
+# (`threads.adapt`; `UNFOLDFORMER_THREADS=fixed` turns that off).
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

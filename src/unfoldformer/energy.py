@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .rho import Rho, get_rho
 from .softmax import attention_pass, logit_error_bound, mass_energy
+from .threads import adapt as adapt_threads
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
@@ -148,6 +149,7 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     r = get_rho(rho)
     if method not in ("fused", "gram", "pairs"):
         raise ValueError(f"unknown method {method!r}; valid: fused, gram, pairs")
+    adapt_threads()                                                # threads for the free cores (`threads.py`)
     if method == "pairs":
         return pair_difference_energy(Y, F, r, valid)
     Y = centred_states(Y, valid)                                   # (B, n, d) same z_ij, no common offset

@@ -1,0 +1,143 @@
+"""Threads sized to the cores actually free (issue 38; docs/results/speed.md, "Threads").
+
+On a machine whose cores are shared with another process, PyTorch's parallel regions split their work
+evenly over `torch.get_num_threads()` threads and end at a barrier: a thread that shares its core with the
+other process runs at half speed and every region waits for it, and OpenMP's spinning workers (the
+default wait policy, fixed once torch is imported) take cycles from the thread that has work. Measured on
+2 cores beside one busy single-thread process, torch imported first: the padded-batch energy took 0.95 s at
+2 threads against 0.75 s at 1, and `nn.TransformerEncoder` itself lost 6–53 % in 7 of 8 cells.
+
+`adapt()` runs at the start of the library's forwards and energy functions. It samples `/proc/stat` (the
+busy time of the CPUs this process may run on) and `/proc/self/stat` (this process's own CPU time) at most
+every `INTERVAL` seconds, and sets torch's intra-op thread count to
+
+    min(requested, max(1, round(allowed CPUs − cores busy with other processes)))
+
+where `requested` is the count the user (or torch's default) set: it never raises the count above that, and
+a count the user sets later (`torch.set_num_threads`) becomes the new `requested`. The setting stays for the
+backward pass and the optimiser step that follow (the same process's torch work gets the same count). Idle,
+nothing changes. No `/proc` (not Linux), or `UNFOLDFORMER_THREADS=fixed` in the environment, or
+`set_policy("fixed")`: the count is left alone. Cost: two small file reads per `INTERVAL`; one comparison
+otherwise.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch
+
+__all__ = ["adapt", "free_cores", "policy", "set_policy"]
+
+#: Seconds between two samples of the CPU counters (the load is averaged over this window at least).
+INTERVAL = 0.25
+#: The first window (from the sample taken at import) may be this short, so a script's first forwards adapt.
+FIRST_WINDOW = 0.05
+_POLICIES = ("free-cores", "fixed")
+_clock = time.monotonic
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.policy = "fixed" if os.environ.get("UNFOLDFORMER_THREADS", "").strip() == "fixed" else "free-cores"
+        self.sample: tuple[float, int, int, int] | None = None   # (time, busy ticks, total ticks, own ticks)
+        self.free: float | None = None
+        self.requested: int | None = None                       # the count the user asked for
+        self.applied: int | None = None                         # the count adapt() last set
+
+
+_STATE = _State()
+
+
+def set_policy(name: str) -> None:
+    """`"free-cores"` (default): `adapt()` sizes torch's thread count to the free cores; `"fixed"`: it never
+    changes it (and the count the user set before is restored)."""
+    if name not in _POLICIES:
+        raise ValueError(f"unknown thread policy {name!r}; valid: {', '.join(_POLICIES)}")
+    with _STATE.lock:
+        _STATE.policy = name
+        if name == "fixed" and _STATE.requested is not None and torch.get_num_threads() == _STATE.applied:
+            torch.set_num_threads(_STATE.requested)
+        _STATE.requested = _STATE.applied = None
+
+
+def policy() -> str:
+    return _STATE.policy
+
+
+def _cpus() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def _counters() -> tuple[float, int, int, int] | None:
+    """(time, busy ticks and total ticks of the allowed CPUs, this process's user + system ticks), or None."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            lines = f.read().split(b"\n")
+        with open("/proc/self/stat", "rb") as f:
+            own = f.read().rsplit(b")", 1)[1].split()              # after the command name (may hold spaces)
+    except OSError:
+        return None
+    allowed = _cpus()
+    busy = total = 0
+    for line in lines:
+        if not line.startswith(b"cpu") or line.startswith(b"cpu "):
+            continue
+        fields = line.split()
+        try:
+            if int(fields[0][3:]) not in allowed:
+                continue
+            ticks = [int(v) for v in fields[1:9]]                   # user nice system idle iowait irq softirq steal
+        except ValueError:
+            continue
+        idle = ticks[3] + ticks[4]
+        busy += sum(ticks) - idle
+        total += sum(ticks)
+    if total == 0:
+        return None
+    return _clock(), busy, total, int(own[11]) + int(own[12])   # utime, stime (fields 14, 15)
+
+
+def free_cores() -> float | None:
+    """Allowed CPUs minus the cores other processes kept busy since the previous sample (≥ `INTERVAL` ago; the
+    first window ≥ `FIRST_WINDOW`), or None before two samples (or without /proc)."""
+    now = _clock()
+    with _STATE.lock:
+        last = _STATE.sample
+        if last is not None and now - last[0] < (INTERVAL if _STATE.free is not None else FIRST_WINDOW):
+            return _STATE.free
+        sample = _counters()
+        if sample is None:
+            return None
+        _STATE.sample = sample
+        if last is None or sample[2] <= last[2]:
+            return _STATE.free
+        cpus = len(_cpus())
+        per_cpu = (sample[2] - last[2]) / cpus                      # ticks per CPU in the window
+        others = max(0.0, (sample[1] - last[1]) - (sample[3] - last[3])) / per_cpu   # cores busy with others
+        _STATE.free = max(0.0, cpus - others)
+        return _STATE.free
+
+
+def adapt() -> int:
+    """Set torch's intra-op thread count for the free cores (module doc) and return it."""
+    if _STATE.policy == "fixed" or torch.compiler.is_compiling():   # a compiled graph: no file reads inside
+        return torch.get_num_threads()
+    current = torch.get_num_threads()
+    if current != _STATE.applied:                                   # first call, or the user set a count
+        _STATE.requested = current
+    requested = _STATE.requested
+    free = free_cores()
+    target = requested if free is None else max(1, min(requested, int(free + 0.5)))
+    if target != current:
+        torch.set_num_threads(target)
+    _STATE.applied = target
+    return target
+
+
+free_cores()                                                        # the first sample: adapt() has a window soon
