@@ -106,6 +106,8 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     (["train", "--out", "{tmp}/r", "--width", "30", "--heads", "4"], "multiple of --heads"),
     (["train", "--out", "{tmp}/r", "--lr", "0"], "--lr must be > 0"),
     (["train", "--out", "{tmp}/r", "--iters", "0"], "--iters must be an integer >= 1"),
+    (["train", "--out", "{tmp}/r", "--ffn-weight", "-1"], "--ffn-weight must be a finite number >= 0"),
+    (["train", "--out", "{tmp}/r", "--ffn-weight", "nan"], "--ffn-weight must be a finite number >= 0"),
     (["train", "--out", "{tmp}/r", "--resume"], "no state.pt"),
     (["evaluate", "{tmp}"], "not a language-model run folder"),
     (["generate", "{tmp}/nothing"], "not a language-model run folder"),
@@ -135,3 +137,10 @@ def test_generate_refuses_unknown_characters_and_bad_sampling(tmp_path, capsys):
         capsys.readouterr()
         assert main(["lm", "generate", str(run), *extra]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_the_energy_weights_reach_the_certified_decoder():
+    from unfoldformer.lm.train import LMTrainConfig, decoder_config
+    cfg = decoder_config(LMTrainConfig(model="certified", anchor_weight=4.0, ffn_weight=3.0).check())
+    assert (cfg.anchor_weight, cfg.ffn_weight, cfg.causal) == (4.0, 3.0, True)
+    assert decoder_config(LMTrainConfig(model="certified").check()).ffn_weight == 1.0

@@ -61,6 +61,7 @@ class LMTrainConfig:
     eval_windows: int | None = None      # validation windows per in-training evaluation (None: the whole split)
     seed: int = 0
     anchor_weight: float = 1.0           # certified only: λ, the attention term's weight against the anchor
+    ffn_weight: float = 1.0              # certified only: γ, the FFN term's weight
     attention_norm: str = "length"       # certified only: length (λ/m_i) | none (λ)
     ffn_bound: str = "none"              # certified only: none | spectral (‖W1‖₂ ≤ 1: the energy bounded below)
 
@@ -85,6 +86,8 @@ class LMTrainConfig:
         if not (isinstance(self.anchor_weight, (int, float)) and math.isfinite(self.anchor_weight)
                 and self.anchor_weight > 0):
             raise ConfigError(f"--anchor-weight must be a finite number > 0, got {self.anchor_weight!r}")
+        if not (isinstance(self.ffn_weight, (int, float)) and math.isfinite(self.ffn_weight) and self.ffn_weight >= 0):
+            raise ConfigError(f"--ffn-weight must be a finite number >= 0, got {self.ffn_weight!r}")
         if not self.lr > 0 or self.min_lr > self.lr:
             raise ConfigError(f"--lr must be > 0 and --min-lr at most --lr, got {self.lr}, {self.min_lr}")
         return self
@@ -103,7 +106,8 @@ def decoder_config(cfg: LMTrainConfig) -> ModelConfig:
     if cfg.model == "standard":
         return ModelConfig.preset("standard", dropout=0.0, **shape)
     return ModelConfig.preset("certified-causal", tied=cfg.model == "certified", anchor_weight=cfg.anchor_weight,
-                              attention_norm=cfg.attention_norm, ffn_bound=cfg.ffn_bound, **shape)
+                              ffn_weight=cfg.ffn_weight, attention_norm=cfg.attention_norm, ffn_bound=cfg.ffn_bound,
+                              **shape)
 
 
 def build_model(cfg: LMTrainConfig, tokenizer: CharTokenizer) -> LanguageModel:
