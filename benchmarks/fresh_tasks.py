@@ -3,6 +3,7 @@
     python benchmarks/fresh_tasks.py run --task digits --model joint-tied --lr 3e-3 --seed 0
     python benchmarks/fresh_tasks.py run --task keywords --model standard --seed 0      # through the CLI
     python benchmarks/fresh_tasks.py run --task listops --model joint-tied --seed 0
+    python benchmarks/fresh_tasks.py run --task imdb8 --model standard --seed 0         # through the CLI
 
 Each cell writes benchmarks/results/fresh/TASK-MODEL-lrLR-seedS.json (accuracy, final training loss, parameters,
 step time, settings); `make_docs.py` builds the table of docs/results/fresh.md from those files.
@@ -14,6 +15,10 @@ Tasks (data: `fresh_data.py`, every generator seeded):
 - `keywords`: a 3-topic keyword CSV (240 rows, `fresh_data.keyword_csv`, seed 0) trained with the command line,
   `python -m unfoldformer train --data.train_file F --model.d_model 16 --model.depth 2 --optim.epochs 3`, every
   other setting the CLI's default (lr 1e-3 unless `--lr`), scored on the CLI's held-out 10 % (24 rows).
+- `imdb8`: IMDB's star ratings as 8 classes (1–4 and 7–10, from the file names), trained with the command line
+  on a seeded 6,000 of the training reviews and scored on a seeded 2,000 of the test reviews
+  (`--data.eval_file`), 128 word pieces, 1 epoch, every other setting the CLI's default (width 128, depth 6,
+  MiniLM's frozen word-piece table, lr 1e-3, batch 32).
 - `listops`: ListOps with LRA's rules (MAX, MIN, MED, SM over digits, nested; `fresh_data.listops_tokens`) reduced
   to fit two shared CPU cores: 2,000 training and 500 test expressions of at most 512 tokens (depth ≤ 10, ≤ 10
   arguments), width 64, 4 layers, batch 32, 300 steps; otherwise as `digits` (token embeddings instead of patches).
@@ -49,7 +54,8 @@ CLI_KINDS = {"standard": "standard", "joint-tied": "certified", "joint-untied": 
 #: Per task: width, depth, steps, batch, default lr (the issue's settings).
 SETTINGS = {"digits": dict(width=64, depth=4, steps=600, batch=64, lr=3e-3),
             "listops": dict(width=64, depth=4, steps=300, batch=32, lr=1e-3),
-            "keywords": dict(width=16, depth=2, epochs=3, lr=1e-3)}
+            "keywords": dict(width=16, depth=2, epochs=3, lr=1e-3),
+            "imdb8": dict(train=6000, test=2000, max_length=128, epochs=1, lr=1e-3)}
 
 
 def encoder(model: str, width: int, depth: int, overrides: dict | None = None) -> nn.Module:
@@ -123,13 +129,35 @@ def run_in_process(task: str, model: str, lr: float, seed: int, overrides: dict 
             "settings": s | {"lr": lr}}
 
 
-def run_keywords(model: str, lr: float, seed: int, overrides: dict | None = None) -> dict:
-    s = SETTINGS["keywords"]
+def _imdb8_csv(path: Path, split: str, k: int, stream: int) -> None:
+    """A seeded k of IMDB `split` as a text,label CSV, the label the review's star rating."""
+    import csv
+
+    from pretrained import imdb_ratings  # same folder: the ratings from the archive's file names
+    from unfoldformer.data import load_imdb
+    from unfoldformer.data.batching import seeded_subset
+    reviews, stars = load_imdb(split), imdb_ratings(split)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        for i in seeded_subset(len(reviews), k, 0, stream):
+            writer.writerow([reviews[i].text, str(stars[i])])
+
+
+def run_cli(model: str, lr: float, seed: int, overrides: dict | None = None, task: str = "keywords") -> dict:
+    """A task trained and scored through the command line (keywords, imdb8)."""
+    s = SETTINGS[task]
     with tempfile.TemporaryDirectory() as tmp:
-        data, out = Path(tmp) / "keywords.csv", Path(tmp) / "run"
-        data.write_text(fresh_data.keyword_csv(240, seed=0))
+        data, out = Path(tmp) / f"{task}.csv", Path(tmp) / "run"
+        if task == "keywords":
+            data.write_text(fresh_data.keyword_csv(240, seed=0))
+            sizes = ["--model.d_model", str(s["width"]), "--model.depth", str(s["depth"])]
+        else:                                                       # imdb8: the CLI's default model sizes
+            _imdb8_csv(data, "train", s["train"], 1)
+            _imdb8_csv(Path(tmp) / "test.csv", "test", s["test"], 2)
+            sizes = ["--data.eval_file", str(Path(tmp) / "test.csv"), "--data.max_length", str(s["max_length"])]
         cmd = [sys.executable, "-m", "unfoldformer", "train", "--data.train_file", str(data),
-               "--model.kind", CLI_KINDS[model], "--model.d_model", str(s["width"]), "--model.depth", str(s["depth"]),
+               "--model.kind", CLI_KINDS[model], *sizes,
                "--optim.epochs", str(s["epochs"]), "--optim.lr", str(lr), "--optim.seed", str(seed),
                "--run.out_dir", str(out), "--run.progress", "false", "--run.plots", "false",
                "--run.tensorboard", "false", "--run.threads", "1"]
@@ -159,8 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     lr = SETTINGS[args.task]["lr"] if args.lr is None else args.lr
     overrides = {k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
                  for k, v in (item.split("=", 1) for item in args.set)}
-    record = run_keywords(args.model, lr, args.seed, overrides) if args.task == "keywords" else \
-        run_in_process(args.task, args.model, lr, args.seed, overrides)
+    record = run_cli(args.model, lr, args.seed, overrides, args.task) if args.task in ("keywords", "imdb8") \
+        else run_in_process(args.task, args.model, lr, args.seed, overrides)
     record = {"task": args.task, "model": args.model, "lr": lr, "seed": args.seed, **record,
               "default_lr": lr == SETTINGS[args.task]["lr"], "threads": 1, "overrides": overrides}
     tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
