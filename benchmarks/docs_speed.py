@@ -10,8 +10,8 @@ from pathlib import Path
 import make_table as mt  # the accuracy table's loading and cell formatting (same folder)
 from docs_common import load, md, threads_said
 
-__all__ = ["compile_speed", "energy_peak", "energy_speed", "inference_energies", "inference_speed", "profiles", "rho_busy", "rho_cost",
-           "rho_step", "rho_threads", "scaling", "train_speed"]
+__all__ = ["compile_speed", "energy_peak", "energy_speed", "inference_energies", "inference_speed", "profiles",
+           "rho_busy", "rho_cost", "rho_step", "rho_threads", "scaling", "train_speed"]
 
 
 def energy_speed(results: Path) -> str:
@@ -321,7 +321,8 @@ def compile_speed(results: Path) -> str:
             for mode, r in by_pass.items():
                 med = r["median_s"]
                 rows.append([f"{int(n):,}", mode, str(raw.get("threads", "?")), f"{1e3 * med['eager']:.1f}",
-                             f"{1e3 * med['compiled']:.1f}", f"{r['speedup']:.2f}×", f"{r['first_compiled_call_s']:.0f}"])
+                             f"{1e3 * med['compiled']:.1f}", f"{r['speedup']:.2f}×",
+                             f"{r['first_compiled_call_s']:.0f}"])
     kind = load(results, files[0])["kind"]
     return (f"*`python benchmarks/compile_speed.py --kind {kind} --count-breaks --threads T --json "
             "benchmarks/results/speed/compile_speed_joint_{1thread,2threads}.json`* (B = 32, width 128, depth 6, "

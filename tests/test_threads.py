@@ -60,21 +60,35 @@ def fake_load(monkeypatch):
     torch.set_num_threads(before)
 
 
-def test_threads_follow_the_free_cores_and_never_exceed_the_users_count(fake_load):
+def test_calls_run_at_the_free_cores_and_restore_the_callers_count(fake_load):
     import torch
 
     from unfoldformer import threads
     fake_load(others=1.0, own=1.0)                                  # one core busy with another process
-    assert threads.adapt() == 1 and torch.get_num_threads() == 1
-    fake_load(others=0.0, own=1.0)                                  # idle again: the user's 2 come back
-    assert threads.adapt() == 2 and torch.get_num_threads() == 2
+    with threads.free_core_threads() as inside:
+        assert inside == 1 and torch.get_num_threads() == 1
+        with threads.free_core_threads() as nested:                 # nested: nothing changes
+            assert nested == 1
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2                             # the caller's count, restored
+    fake_load(others=0.0, own=1.0)                                  # idle: the caller's 2
+    with threads.free_core_threads() as inside:
+        assert inside == 2
     fake_load(others=0.3, own=1.7)                                  # a little background work: still 2
-    assert threads.adapt() == 2
-    torch.set_num_threads(1)                                        # the user asks for 1: never raised above it
+    with threads.free_core_threads() as inside:
+        assert inside == 2
+    torch.set_num_threads(1)                                        # the caller asks for 1: never raised
     fake_load(others=0.0, own=1.0)
-    assert threads.adapt() == 1 and torch.get_num_threads() == 1
+    with threads.free_core_threads() as inside:
+        assert inside == 1
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
     fake_load(others=2.0, own=0.0)                                  # every core busy: at least 1 thread
-    assert threads.adapt() == 1
+    with pytest.raises(RuntimeError, match="inside"):               # restored on an exception too
+        with threads.free_core_threads() as inside:
+            assert inside == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == 2
 
 
 def test_the_fixed_policy_and_a_missing_proc_leave_the_count_alone(fake_load, monkeypatch):
@@ -83,18 +97,21 @@ def test_the_fixed_policy_and_a_missing_proc_leave_the_count_alone(fake_load, mo
     from unfoldformer import threads
     fake_load(others=1.0, own=1.0)
     threads.set_policy("fixed")
-    assert threads.adapt() == 2 and torch.get_num_threads() == 2
+    with threads.free_core_threads() as inside:
+        assert inside == 2 and torch.get_num_threads() == 2
     threads.set_policy("free-cores")
     monkeypatch.setattr(threads, "_counters", lambda: None)         # not Linux, or /proc unreadable
     monkeypatch.setattr(threads, "_STATE", threads._State())
-    assert threads.adapt() == 2 and torch.get_num_threads() == 2
+    with threads.free_core_threads() as inside:
+        assert inside == 2
     with pytest.raises(ValueError, match="unknown thread policy 'sometimes'"):
         threads.set_policy("sometimes")
 
 
-def test_a_forward_adapts_and_the_environment_can_fix_the_count():
-    """A real busy process beside a forward at 2 threads: the model's forward sets 1 thread (read from /proc);
-    with UNFOLDFORMER_THREADS=fixed it keeps 2. Skipped without /proc or with fewer than 2 allowed CPUs."""
+def test_a_forward_runs_at_the_free_cores_and_the_environment_can_fix_the_count():
+    """A real busy process on every other core beside forwards at 2 threads: the forward runs at 1 thread
+    (read from /proc; recorded inside the joint stack's step) and the caller's 2 are back afterwards; with
+    UNFOLDFORMER_THREADS=fixed the forward runs at 2. Skipped without /proc or with fewer than 2 allowed CPUs."""
     if not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs /proc and 2 CPUs")
     probe = ("import time, torch, subprocess, sys\n"
@@ -102,17 +119,23 @@ def test_a_forward_adapts_and_the_environment_can_fix_the_count():
              "torch.set_num_threads(2)\n"
              "busy = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(NBUSY)]\n"
              "enc = uf.CertifiedEncoder(uf.CertifiedEncoderLayer(8, 2, 16), 2)\n"
+             "seen = []\n"
+             "trial = uf.joint.JointStack.trial\n"
+             "def recorded(*a, **k):\n"
+             "    seen.append(torch.get_num_threads())\n"
+             "    return trial(*a, **k)\n"
+             "uf.joint.JointStack.trial = recorded\n"
              "try:\n"
              "    for _ in range(6):\n"
-             "        enc(torch.randn(2, 4, 8)); time.sleep(0.3)\n"
+             "        enc(torch.randn(2, 4, 8), return_energies=True); time.sleep(0.3)\n"
              "finally:\n"
              "    [b.kill() for b in busy]\n"
-             "print(torch.get_num_threads())\n")
+             "print(seen[-1] if seen else 'no-hook', torch.get_num_threads())\n")
     cpus = len(os.sched_getaffinity(0))
-    for env_value, expected in ((None, 1), ("fixed", 2)):
+    for env_value, expected in ((None, "1 2"), ("fixed", "2 2")):
         env = {k: v for k, v in os.environ.items() if k != "UNFOLDFORMER_THREADS"}
         if env_value is not None:
             env["UNFOLDFORMER_THREADS"] = env_value
         out = subprocess.run([sys.executable, "-c", probe.replace("NBUSY", str(cpus - 1))], env=env,
                              capture_output=True, text=True, check=True, timeout=120)
-        assert int(out.stdout.strip()) == expected
+        assert out.stdout.strip() == expected

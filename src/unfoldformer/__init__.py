@@ -27,7 +27,7 @@ import sys as _sys
 # (docs/results/speed.md, "Threads"). OpenMP reads the variable when torch is first imported, so this takes
 # effect only if unfoldformer is imported first (the command line always is). Whatever the import order, the
 # library's forwards and energies size torch's thread count to the cores other processes leave free
-# (`threads.adapt`; `UNFOLDFORMER_THREADS=fixed` turns that off).
+# (`threads.free_core_threads`; `UNFOLDFORMER_THREADS=fixed` turns that off).
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .rho import Rho, get_rho
 from .softmax import attention_pass, logit_error_bound, mass_energy
-from .threads import adapt as adapt_threads
+from .threads import free_core_threads
 
 _CHUNK_ELEMENTS = 1 << 22  # float64 entries per (B, H, chunk, n) block: 32 MiB
 
@@ -149,13 +149,13 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
     r = get_rho(rho)
     if method not in ("fused", "gram", "pairs"):
         raise ValueError(f"unknown method {method!r}; valid: fused, gram, pairs")
-    adapt_threads()                                                # threads for the free cores (`threads.py`)
-    if method == "pairs":
-        return pair_difference_energy(Y, F, r, valid)
-    Y = centred_states(Y, valid)                                   # (B, n, d) same z_ij, no common offset
-    if r.softmax and method == "fused":
-        return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size)
-    return gram_attention_energy(Y, F, r, valid, chunk_size=chunk_size)[0]
+    with free_core_threads():                                      # threads for the free cores (`threads.py`)
+        if method == "pairs":
+            return pair_difference_energy(Y, F, r, valid)
+        Y = centred_states(Y, valid)                               # (B, n, d) same z_ij, no common offset
+        if r.softmax and method == "fused":
+            return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size)
+        return gram_attention_energy(Y, F, r, valid, chunk_size=chunk_size)[0]
 
 
 def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_size: int | None = None

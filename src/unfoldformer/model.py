@@ -58,7 +58,7 @@ from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention,
 from .pretrained import PretrainedMixin
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
-from .threads import adapt as adapt_threads
+from .threads import free_core_threads
 
 __all__ = ["EncoderOutput", "UnfoldedTransformer", "build_layer", "copy_layer", "masked_mean"]
 
@@ -329,8 +329,8 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
                               "no safeguard and no sub-steps; return_energies=True gives the per-token energies")
         if x.shape[0] == 0:                                          # an empty batch: empty outputs
             return _empty_output(x, self.config.depth, detail)
-        adapt_threads()                                              # threads for the free cores (`threads.py`)
-        with parametrize.cached():  # orthogonal head bases: computed once per forward, not per use
+        # orthogonal head bases computed once per forward, not per use; threads for the free cores (`threads.py`)
+        with parametrize.cached(), free_core_threads():
             # energies of float32 (or lower) states are float64 evaluations of those states, for the safeguard's
             # decisions and for every reported curve alike (descent.py: their error is then far below the tolerance)
             exact = detail is not None and x.dtype != torch.float64

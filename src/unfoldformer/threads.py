@@ -7,28 +7,29 @@ default wait policy, fixed once torch is imported) take cycles from the thread t
 2 cores beside one busy single-thread process, torch imported first: the padded-batch energy took 0.95 s at
 2 threads against 0.75 s at 1, and `nn.TransformerEncoder` itself lost 6–53 % in 7 of 8 cells.
 
-`adapt()` runs at the start of the library's forwards and energy functions. It samples `/proc/stat` (the
+The library's forwards and energy functions run inside `free_core_threads()`. It samples `/proc/stat` (the
 busy time of the CPUs this process may run on) and `/proc/self/stat` (this process's own CPU time) at most
-every `INTERVAL` seconds, and sets torch's intra-op thread count to
+every `INTERVAL` seconds, lowers torch's intra-op thread count for the call to
 
-    min(requested, max(1, round(allowed CPUs − cores busy with other processes)))
+    min(current, max(1, round(allowed CPUs − cores busy with other processes)))
 
-where `requested` is the count the user (or torch's default) set: it never raises the count above that, and
-a count the user sets later (`torch.set_num_threads`) becomes the new `requested`. The setting stays for the
-backward pass and the optimiser step that follow (the same process's torch work gets the same count). Idle,
-nothing changes. No `/proc` (not Linux), or `UNFOLDFORMER_THREADS=fixed` in the environment, or
-`set_policy("fixed")`: the count is left alone. Cost: two small file reads per `INTERVAL`; one comparison
-otherwise.
+and restores the count it found when the call returns: the caller's count is the ceiling, and it is never
+changed outside the library's calls (a backward pass or optimiser step of the caller runs at the caller's
+count). Idle, nothing changes. No `/proc` (not Linux), or `UNFOLDFORMER_THREADS=fixed` in the environment, or
+`set_policy("fixed")`: the count is left alone. Cost: two small file reads per `INTERVAL`; two calls to
+`torch.set_num_threads` per lowered call.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
-__all__ = ["adapt", "free_cores", "policy", "set_policy"]
+__all__ = ["free_core_threads", "free_cores", "policy", "set_policy"]
 
 #: Seconds between two samples of the CPU counters (the load is averaged over this window at least).
 INTERVAL = 0.25
@@ -44,23 +45,18 @@ class _State:
         self.policy = "fixed" if os.environ.get("UNFOLDFORMER_THREADS", "").strip() == "fixed" else "free-cores"
         self.sample: tuple[float, int, int, int] | None = None   # (time, busy ticks, total ticks, own ticks)
         self.free: float | None = None
-        self.requested: int | None = None                       # the count the user asked for
-        self.applied: int | None = None                         # the count adapt() last set
 
 
 _STATE = _State()
 
 
 def set_policy(name: str) -> None:
-    """`"free-cores"` (default): `adapt()` sizes torch's thread count to the free cores; `"fixed"`: it never
-    changes it (and the count the user set before is restored)."""
+    """`"free-cores"` (default): the library's calls run at the free cores' thread count (`free_core_threads`);
+    `"fixed"`: at the count torch has."""
     if name not in _POLICIES:
         raise ValueError(f"unknown thread policy {name!r}; valid: {', '.join(_POLICIES)}")
     with _STATE.lock:
         _STATE.policy = name
-        if name == "fixed" and _STATE.requested is not None and torch.get_num_threads() == _STATE.applied:
-            torch.set_num_threads(_STATE.requested)
-        _STATE.requested = _STATE.applied = None
 
 
 def policy() -> str:
@@ -124,20 +120,26 @@ def free_cores() -> float | None:
         return _STATE.free
 
 
-def adapt() -> int:
-    """Set torch's intra-op thread count for the free cores (module doc) and return it."""
-    if _STATE.policy == "fixed" or torch.compiler.is_compiling():   # a compiled graph: no file reads inside
-        return torch.get_num_threads()
+@contextmanager
+def free_core_threads() -> Iterator[int]:
+    """Run the body with torch's intra-op thread count lowered to the free cores (module doc), and restore the
+    count it found on exit: the caller's setting is the ceiling and is never changed outside the body, so a
+    count set by the user (or by a test) is never raised. Yields the count in effect. Nested uses change
+    nothing (the inner one finds the lowered count)."""
     current = torch.get_num_threads()
-    if current != _STATE.applied:                                   # first call, or the user set a count
-        _STATE.requested = current
-    requested = _STATE.requested
+    if _STATE.policy == "fixed" or torch.compiler.is_compiling():   # a compiled graph: no file reads inside
+        yield current
+        return
     free = free_cores()
-    target = requested if free is None else max(1, min(requested, int(free + 0.5)))
-    if target != current:
-        torch.set_num_threads(target)
-    _STATE.applied = target
-    return target
+    target = current if free is None else max(1, min(current, int(free + 0.5)))
+    if target == current:
+        yield current
+        return
+    torch.set_num_threads(target)
+    try:
+        yield target
+    finally:
+        torch.set_num_threads(current)
 
 
-free_cores()                                                        # the first sample: adapt() has a window soon
+free_cores()                                                        # the first sample: a window soon
