@@ -37,7 +37,7 @@ judged from these energies (`DescentCounts`) is within its error. A float64 forw
 at its own states; its allowance 10⁻¹²(1 + |E|) covers the bound while the terms' magnitudes stay below
 ~10³(1 + |E|) — with centred features R² is the spread, not the offset. Where the attention part of the
 bound still exceeds a quarter of the tolerance (tokens spread far apart with close pairs), the layer's
-float64 evaluation takes E_A of those samples from explicit pair differences instead (`rotated._exact_attention`,
+float64 evaluation takes E_A of those samples from explicit pair differences instead (`RotatedStack._exact_attention`,
 `energy.pair_difference_energy`), so every reported energy stays within the tolerance it is judged with
 (`benchmarks/certificate_check.py` counts it on the adversarial strategy).
 """

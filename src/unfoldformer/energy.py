@@ -158,16 +158,17 @@ def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
         return gram_attention_energy(Y, F, r, valid, chunk_size=chunk_size)[0]
 
 
-def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_size: int | None = None
-                          ) -> tuple[Tensor, Tensor]:
-    """E_A of centred states Y (B, n, d) from Gram matrices, and Σ_h Σ_{i<j} ρ'(z_ij) (the slope sum of
-    `attention_error_bound`): ((B,), (B,)) float64. F (H, k, d) in Y's dtype, `valid` (B, n) (unchecked)."""
+def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_size: int | None = None,
+                          slopes: bool = False) -> tuple[Tensor, Tensor | None]:
+    """E_A of centred states Y (B, n, d) from Gram matrices and, with `slopes`, Σ_h Σ_{i<j} ρ'(z_ij) (the slope
+    sum of `attention_error_bound`; else None): ((B,), (B,) or None) float64. F (H, k, d) in Y's dtype, `valid`
+    (B, n) (unchecked)."""
     a = head_features(Y, F).to(torch.float64)                      # (B, H, n, k), features in Y's precision
     sq = (a * a).sum(-1)                                           # (B, H, n)
     B, H, n, _ = a.shape
     step = _chunk_size(B, H, n, chunk_size)
     total = torch.zeros(B, dtype=torch.float64, device=Y.device)
-    slopes = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    slope_sum = torch.zeros(B, dtype=torch.float64, device=Y.device) if slopes and not r.softmax else None
     cols = torch.arange(n, device=Y.device)
     for s in range(0, n, step):
         e = min(n, s + step)
@@ -183,8 +184,11 @@ def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_
             z = pair_distances(a[:, :, s:e], a, sq[:, :, s:e], sq)      # (B, H, c, n)
             zero = torch.zeros((), dtype=z.dtype, device=z.device)
             total = total + 0.5 * torch.where(pair, r.value(z), zero).sum(dim=(1, 2, 3))
-            slopes = slopes + 0.5 * torch.where(pair, r.derivative(z), zero).detach().sum(dim=(1, 2, 3))
-    return total, (-total.detach() if r.softmax else slopes)      # exp: ρ' = e^{−z} = |ρ|, so the sum is |E_A|
+            if slope_sum is not None:
+                slope_sum = slope_sum + 0.5 * torch.where(pair, r.derivative(z), zero).detach().sum(dim=(1, 2, 3))
+    if slopes and r.softmax:                                        # exp: ρ' = e^{−z} = |ρ|, so the sum is |E_A|
+        slope_sum = -total.detach()
+    return total, slope_sum
 
 
 def pair_difference_energy(Y: Tensor, F: Tensor, rho: str | Rho, valid: Tensor) -> Tensor:
@@ -210,19 +214,11 @@ def pair_difference_energy(Y: Tensor, F: Tensor, rho: str | Rho, valid: Tensor) 
     return total
 
 
-def feature_radius_sq(Y: Tensor, F: Tensor, valid: Tensor) -> Tensor:
-    """R² = max over heads and real tokens of ‖(y_i − mean) F_hᵀ‖² (the centred features' largest squared norm,
-    which sets the Gram form's round-off): Y (B, n, d), F (H, k, d) -> (B,) float64."""
-    a = head_features(centred_states(Y, valid), F.to(Y.dtype)).detach()   # (B, H, n, k)
-    sq = torch.linalg.vector_norm(a, dim=-1, dtype=torch.float64).square()   # (B, H, n)
-    return sq.where(valid[:, None, :], 0.0).amax(dim=(1, 2))
-
-
 def attention_error_bound(radius_sq: Tensor, slope_sum: Tensor, k: int) -> Tensor:
     """First-order bound on the float64 round-off of E_A from the Gram form or the fused pass of centred
     features: |ΔE_A| ≤ 4γ_{k+4}R²·Σ_h Σ_{i<j} ρ'(z_ij) (each z_ij errs by ≤ 4γ_{k+4}R², `softmax.logit_error_bound`,
     and ρ' bounds ρ's change; for ρ = exp the same bound is relative on every weight, and the slope sum is
-    |E_A|): (B,) from `feature_radius_sq` and the slope sum (B,)."""
+    |E_A|): (B,) from R² = max ‖a_i − mean‖² over heads and real tokens (B,) and the slope sum (B,)."""
     return logit_error_bound(radius_sq, k, torch.float64) * slope_sum
 
 

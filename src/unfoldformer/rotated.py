@@ -334,15 +334,17 @@ class RotatedStack:
         pair differences for those samples instead (`_exact_attention`)."""
         att = f.layer.attention
         B, n, d = Y.shape
-        Z = None
+        exact = Y.dtype == torch.float64                            # float64 evaluation: its error is bounded below
+        C = None
         if self.exp:
             attention = attention if attention is not None else self._pass(f, Y, valid, average=False)
             e_attention = mass_energy(attention, valid)
             slopes = -e_attention.detach()                          # Σ_{i<j} e^{−z_ij} = |E_A|
         else:
-            Z = self.heads(Y, att.H).reshape(B, n, d)               # rotated coordinates (rotary)
-            F = block_factors(f, d)
-            e_attention, slopes = E.gram_attention_energy(E.centred_states(Z, valid), F, get_rho(att.rho), valid)
+            C = self.heads(Y, att.H)                                # (B, n, H, dh) rotated coordinates (rotary)
+            Z = E.centred_states(C.reshape(B, n, d), valid)         # (B, n, d)
+            e_attention, slopes = E.gram_attention_energy(Z, block_factors(f, d), get_rho(att.rho), valid,
+                                                          slopes=exact)
         weight = length_weight(valid) if att.length_norm else None  # 1/n (THEORY §3.7)
         anchor = 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
         if f.W is None:
@@ -351,30 +353,44 @@ class RotatedStack:
             if hidden_squares is None:
                 hidden_squares = _row_squares(_hidden(Y, f) if hidden is None else hidden)   # (B, n)
             e_ffn = 0.5 * (_total(_row_squares(Y), valid) - _total(hidden_squares, valid)) * ffn_scale
-        if Y.dtype == torch.float64:
-            e_attention = self._exact_attention(f, Y, Z, valid, e_attention, slopes, weight, anchor + e_ffn)
+        if exact:
+            e_attention = self._exact_attention(f, Y, C, valid, e_attention, slopes, weight, anchor + e_ffn)
         if weight is not None:
             e_attention = e_attention * weight
         return EnergyTerms(e_attention + anchor, e_ffn)
 
-    def _exact_attention(self, f: _Frame, Y: Tensor, Z: Tensor | None, valid: Tensor, e_attention: Tensor,
+    def _exact_attention(self, f: _Frame, Y: Tensor, C: Tensor | None, valid: Tensor, e_attention: Tensor,
                          slopes: Tensor, weight: Tensor | None, rest: Tensor) -> Tensor:
         """E_A with the samples whose float64 round-off bound 4γ_{k+4}R²·Σρ' (times w) exceeds
         ¼·descent_tolerance(states' dtype)·(1 + |E|) recomputed from explicit pair differences (tokens spread
         far apart, with some pairs close: the Gram form's u·R² then outweighs the tolerance; docs/theory.md,
-        "Numerics of the fast paths"). (B,) float64."""
+        "Numerics of the fast paths"). `C`: Y's head coordinates (B, n, H, dh) when known. (B,) float64."""
         att = f.layer.attention
         B, n, d = Y.shape
         if n < 2:
             return e_attention
-        Z = self.heads(Y, att.H).reshape(B, n, d) if Z is None else Z   # (B, n, d) rotated coordinates
-        F = block_factors(f, d)                                      # (H, k, d)
+        C = self.heads(Y, att.H) if C is None else C                # (B, n, H, dh) rotated coordinates
         w = 1.0 if weight is None else weight
-        bound = w * E.attention_error_bound(E.feature_radius_sq(Z, F, valid), slopes, F.shape[1])   # (B,)
+        bound = w * E.attention_error_bound(_radius_sq(f, C, valid), slopes, C.shape[-1])   # (B,)
         total = (w * e_attention + rest).detach()
         far = bound > 0.25 * descent_tolerance(self.X.dtype) * (1 + total.abs())
         if not bool(far.any()):
             return e_attention
         rows = far.nonzero()[:, 0]
-        exact = E.pair_difference_energy(Z[rows], F, att.rho, valid[rows])   # (r,)
+        exact = E.pair_difference_energy(C.reshape(B, n, d)[rows], block_factors(f, d), att.rho, valid[rows])
         return e_attention.index_put((rows,), exact)
+
+
+def _radius_sq(f: _Frame, C: Tensor, valid: Tensor) -> Tensor:
+    """R² = max over heads and real tokens of ‖a_i − mean‖², the features a = s_h c (or c A_hᵀ) that the pass and
+    the Gram form centre, from head coordinates C (B, n, H, dh) with the layer's block-diagonal factors applied
+    per head (B·n·d work, not a d × d product): (B,) float64."""
+    real = valid[..., None, None]                                    # (B, n, 1, 1)
+    Cd = C.to(torch.float64).where(real, 0.0)
+    mean = Cd.sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp_min(1)   # (B, 1, H, dh)
+    Cc = (Cd - mean).detach()
+    if f.A is None:
+        a = Cc * f.scales.detach().to(torch.float64)[:, None]        # (B, n, H, dh) s_h (c_i − mean)
+    else:
+        a = torch.einsum("bnhk,hjk->bnhj", Cc, f.A.detach().to(torch.float64))   # (c_i − mean) A_hᵀ
+    return a.square().sum(-1).where(valid[..., None], 0.0).amax(dim=(1, 2))   # (B,)

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["free_core_threads", "free_cores", "policy", "set_policy"]
+__all__ = ["free_core_threads", "free_cores", "set_policy"]
 
 #: Seconds between two samples of the CPU counters (the load is averaged over this window at least).
 INTERVAL = 0.25
@@ -57,10 +57,6 @@ def set_policy(name: str) -> None:
         raise ValueError(f"unknown thread policy {name!r}; valid: {', '.join(_POLICIES)}")
     with _STATE.lock:
         _STATE.policy = name
-
-
-def policy() -> str:
-    return _STATE.policy
 
 
 def _cpus() -> set[int]:
