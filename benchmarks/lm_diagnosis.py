@@ -1,0 +1,199 @@
+"""Why the certified decoder trails the standard one: what its attention does, and screens of variants.
+
+    python benchmarks/lm_diagnosis.py attention        # n-gram baselines + attention statistics of the trained runs
+    python benchmarks/lm_diagnosis.py screen --variant strict,innorm,rotary [--iters 500]
+
+`attention` needs the 2,000-iteration scratch folders of `benchmarks/lm.py run` (certified and certified-untied);
+it writes benchmarks/results/lm/diagnosis/attention.json:
+- count n-gram models of the validation split, fitted on the training split (add-0.1 smoothing): the loss a model
+  reaches from the current character alone (bigram) or the last two (trigram);
+- per layer of each certified run, on 32 validation windows: the attention rows' effective number of keys
+  (exp of the weights' entropy) over the visible keys m_i, the weight on the token itself and on the previous
+  token against the uniform 1/m_i, the attention's share of the step's target (the gate ν'd_i/(ν'd_i + 1)), and
+  the learned scales s_h. Positions 8 and later (enough keys to tell uniform from peaked).
+
+`screen` trains the tied certified decoder for a few hundred iterations with variants that are *not* library
+options (they change the step inside this process only, so their token energies are not evaluated) and writes
+benchmarks/results/lm/diagnosis/screen-<variants>.json:
+- `strict`: the self pair out of each conditional energy (keys j < i; THEORY §3.11 allows it): the step can then
+  attend to a neighbour instead of always weighting itself most (β_ii = ρ'(0) is the largest weight);
+- `innorm`: the decoder's input X = LayerNorm(E[ids] + P[i]) (no affine), states of norm √d instead of ~0.5, so
+  that distances are large enough for peaked attention;
+- `rotary`: rotary positions in the decoder (THEORY §3.9) besides the learned absolute ones;
+- `lam<λ>` / `normnone`: λ and no length normalisation.
+Run with OMP_NUM_THREADS=1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F_nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import unfoldformer.causal as causal  # noqa: E402
+import unfoldformer.lm.model as lm_model  # noqa: E402
+import unfoldformer.lm.train as lm_train  # noqa: E402
+from unfoldformer.config import ModelConfig  # noqa: E402
+from unfoldformer.lm.data import load_text, split, validation_windows  # noqa: E402
+from unfoldformer.lm.tokenizer import CharTokenizer  # noqa: E402
+from unfoldformer.softmax import key_bias, softmax_with_lse  # noqa: E402
+from unfoldformer.utils import write_json  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "lm" / "diagnosis"
+SCRATCH = Path(os.environ.get("UNFOLDFORMER_SCRATCH", "/tmp/unfoldformer-lm-runs"))
+FROM = 8                                      # statistics over positions i ≥ FROM
+
+
+def ngram_losses() -> dict:
+    """Validation cross-entropy (nats) of count unigram, bigram and trigram models fitted on the training split."""
+    text = load_text("tinyshakespeare")
+    tok = CharTokenizer.from_text(text)
+    train, val = split(torch.tensor(tok.encode(text)), 64)
+    V = tok.vocab_size
+    out = {}
+    for order in (1, 2, 3):
+        counts = torch.full((V,) * order, 0.1, dtype=torch.float64)
+        index = tuple(train[k: len(train) - order + 1 + k] for k in range(order))
+        counts.index_put_(index, torch.ones(len(index[0]), dtype=torch.float64), accumulate=True)
+        logp = (counts / counts.sum(-1, keepdim=True)).log()
+        vindex = tuple(val[k: len(val) - order + 1 + k] for k in range(order))
+        out[("unigram", "bigram", "trigram")[order - 1]] = float(-logp[vindex].mean())
+    return out
+
+
+def attention_statistics(folder: Path, windows: int = 32, strict: bool = False) -> list[dict]:
+    """Per layer of the run in `folder`: the module doc's statistics, recorded around `causal.causal_targets`
+    (`strict`: of the step without the self pair, keys j < i)."""
+    model, tok, cfg = lm_train.load_run(folder)
+    model.eval()
+    _, val = split(torch.tensor(tok.encode(load_text(cfg.data))), cfg.context)
+    x, _ = validation_windows(val, cfg.context)
+    rows, inner = [], causal.causal_targets
+
+    def recorded(C, P, scales, log_nu, valid, rho, *, last_only=False):
+        a = (C - C[:, :1]).double() * scales.double()[:, None]           # (B, n, H, dh) no padding here
+        at = a.transpose(1, 2)                                         # (B, H, n, dh)
+        n = at.shape[2]
+        logits = at @ at.transpose(-1, -2) - 0.5 * at.square().sum(-1)[:, :, None, :]   # (B, H, n, n)
+        seen = torch.ones(n, n, dtype=torch.bool).tril(-1 if strict else 0)
+        seen[0, 0] = True                                              # row 0 (never counted): no empty row
+        w = torch.softmax(logits.masked_fill(~seen, float("-inf")), -1)   # (B, H, n, n) the rows' weights
+        entropy = -(w * w.clamp_min(1e-300).log()).sum(-1)             # (B, H, n)
+        m = torch.arange(1, n + 1, dtype=torch.float64) - (1 if strict else 0)
+        m[0] = 1
+        own = torch.diagonal(w, dim1=-2, dim2=-1)                      # (B, H, n)
+        prev = torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)          # (B, H, n − 1) weight on j = i − 1
+        log_deg = torch.logsumexp(logits.masked_fill(~seen, float("-inf")), -1) - 0.5 * at.square().sum(-1)
+        nu = log_nu.double()
+        nu = nu.permute(0, 2, 1) if nu.dim() == 3 else nu[None, :, None]   # (B or 1, H, n or 1)
+        gate = torch.sigmoid(nu + log_deg)                             # (B, H, n) the attention's share
+        rows.append({"effective_keys_share": float((entropy.exp() / m)[..., FROM:].mean()),
+                     "self_weight": float(own[..., FROM:].mean()),
+                     "previous_weight": float(prev[..., FROM - 1:].mean()),
+                     "uniform_weight": float((1 / m)[FROM:].mean()), "gate": float(gate[..., FROM:].mean()),
+                     "scales": [round(float(s), 4) for s in scales]})
+        return inner(C, P, scales, log_nu, valid, rho, last_only=last_only)
+
+    causal.causal_targets = recorded
+    try:
+        with torch.no_grad():
+            model(x[:windows])
+    finally:
+        causal.causal_targets = inner
+    return rows
+
+
+def attention() -> Path:
+    record = {"ngram_val_loss": ngram_losses(), "from_position": FROM, "models": {}}
+    for name in ("certified", "certified-untied"):
+        for seed in (0, 1, 2):
+            folder = SCRATCH / f"{name}-seed{seed}-iters2000"
+            if (folder / "model.safetensors").is_file():
+                record["models"][f"{name}-seed{seed}"] = attention_statistics(folder)
+    path = OUT / "attention.json"
+    write_json(path, record)
+    print(path, record["ngram_val_loss"], flush=True)
+    return path
+
+
+def _strict_average(a, C, valid, last_only):
+    """`causal._softmax_average` without the self pair: query i sees keys j < i (row 0: no key, weight 0)."""
+    half = 0.5 * a.square().sum(-1, keepdim=True)                   # (B, n, H, 1)
+    q = torch.cat([a, torch.ones_like(half)], dim=-1)
+    k = torch.cat([a, key_bias(valid, a.dtype) - half], dim=-1)
+    v = torch.cat([C, torch.zeros_like(half)], dim=-1)
+    none = torch.full_like(half[:, :1, :, 0], -1e30)                # log d of a row without keys
+    if last_only:
+        if a.shape[1] == 1:
+            return torch.zeros_like(C[:, -1:]), none
+        out, lse = softmax_with_lse(q[:, -1:].transpose(1, 2), k[:, :-1].transpose(1, 2), v[:, :-1].transpose(1, 2),
+                                    None)
+        return out.transpose(1, 2)[..., :-1], lse.transpose(1, 2) - half[:, -1:, :, 0]
+    out, lse = softmax_with_lse(q[:, 1:].transpose(1, 2), k[:, :-1].transpose(1, 2), v[:, :-1].transpose(1, 2), None,
+                                causal=True)                       # query i + 1 sees keys ≤ i
+    out = torch.cat([torch.zeros_like(C[:, :1]), out.transpose(1, 2)[..., :-1]], 1)
+    return out, torch.cat([none, lse.transpose(1, 2) - half[:, 1:, :, 0]], 1)
+
+
+def screen(variants: list[str], iters: int, seed: int) -> Path:
+    """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
+    known = {"strict", "innorm", "rotary", "normnone"}
+    lam = 1.0
+    for v in variants:
+        if v.startswith("lam"):
+            lam = float(v[3:])
+        elif v not in known:
+            raise SystemExit(f"unknown variant {v!r}: choose from {sorted(known)} or lam<λ>")
+    if "strict" in variants:
+        causal._softmax_average = _strict_average
+    if "rotary" in variants:
+        plain = lm_train.decoder_config
+        lm_train.decoder_config = lambda cfg: ModelConfig.from_dict({**plain(cfg).to_dict(), "positions": "rotary"})
+    if "innorm" in variants:
+        raw = lm_model.LanguageModel.inputs
+
+        def inputs(self, ids, start=0):
+            x = raw(self, ids, start)
+            return F_nn.layer_norm(x, x.shape[-1:])
+        lm_model.LanguageModel.inputs = inputs
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    name = "-".join(variants) or "plain"
+    cfg = lm_train.LMTrainConfig(model="certified", iters=iters, seed=seed, eval_interval=max(1, iters // 4),
+                                 eval_windows=100, anchor_weight=lam,
+                                 attention_norm="none" if "normnone" in variants else "length")
+    folder = SCRATCH / "screens" / f"{name}-seed{seed}-iters{iters}"
+    lm_train.train(cfg, folder, resume=(folder / "state.pt").is_file(), device="cpu", progress=False)
+    model, tok, cfg = lm_train.load_run(folder)
+    _, val = split(torch.tensor(tok.encode(load_text(cfg.data))), cfg.context)
+    result = lm_train.evaluate_model(model, val)
+    path = OUT / f"screen-{name}-seed{seed}-iters{iters}.json"
+    write_json(path, {"variants": variants, "seed": seed, "iters": iters, "val_loss": result["val_loss"],
+                      "stats": attention_statistics(folder, strict="strict" in variants)})
+    print(f"{path}: val loss {result['val_loss']:.4f}", flush=True)
+    return path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("attention")
+    s = sub.add_parser("screen")
+    s.add_argument("--variant", default="", help="comma-separated: strict, innorm, rotary, normnone, lam<λ>")
+    s.add_argument("--iters", type=int, default=500)
+    s.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.cmd == "attention":
+        attention()
+    else:
+        screen([v for v in args.variant.split(",") if v], args.iters, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
