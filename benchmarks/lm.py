@@ -85,12 +85,14 @@ def _variant(lam: float, norm: str, bound: str, gamma: float = 1.0) -> str:
 
 
 def run(model_name: str, seed: int, iters: int, lam: float = 1.0, norm: str = "length", bound: str = "none",
-        val_windows: int | None = None, width: int = 128, gamma: float = 1.0, lr: float = 1e-3) -> Path:
+        val_windows: int | None = None, width: int = 128, gamma: float = 1.0, lr: float = 1e-3,
+        keys: str = "tied") -> Path:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = LMTrainConfig(model=model_name, seed=seed, iters=iters, eval_interval=max(1, iters // 4), eval_windows=100,
                         anchor_weight=lam, ffn_weight=gamma, attention_norm=norm, ffn_bound=bound, width=width,
-                        lr=lr, min_lr=lr / 10)
-    variant = ((_variant(lam, norm, bound, gamma) if model_name != "standard" else "")
+                        lr=lr, min_lr=lr / 10, keys=keys)
+    variant = ((_variant(lam, norm, bound, gamma) + ("" if keys == "tied" else f"-keys{keys}")
+                if model_name != "standard" else "")
                + ("" if width == 128 else f"-w{width}") + ("" if lr == 1e-3 else f"-lr{lr:g}"))
     folder = SCRATCH / f"{model_name}{variant}-seed{seed}-iters{iters}"
     resume = (folder / "state.pt").is_file()
@@ -315,6 +317,8 @@ def main() -> int:
                    "a tenth of it)")
     r.add_argument("--attention-norm", choices=("length", "none"), default="length")
     r.add_argument("--ffn-bound", choices=("none", "spectral"), default="none")
+    r.add_argument("--keys", choices=("tied", "free"), default="tied", help="certified: free context keys "
+                   "(per-head maps A_h, K_h; causal.py) or the preset's tied ones")
     r.add_argument("--val-windows", type=int, default=None, help="only the first N validation windows (default all)")
     sub.add_parser("table")
     sub.add_parser("figure")
@@ -323,7 +327,7 @@ def main() -> int:
         write_json(RESULTS / "step_times.json", step_times())
     elif args.cmd == "run":
         run(args.model, args.seed, args.iters, args.anchor_weight, args.attention_norm, args.ffn_bound,
-            args.val_windows, args.width, args.ffn_weight, args.lr)
+            args.val_windows, args.width, args.ffn_weight, args.lr, args.keys)
     elif args.cmd == "figure":
         print(figure())
     else:

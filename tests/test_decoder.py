@@ -204,8 +204,8 @@ def test_cache_equals_the_full_forward(dtype, tied, positions):
 def test_refusals():
     with pytest.raises(uf.ConfigError, match="causal does not apply"):
         uf.ModelConfig.preset("certified-alternating", causal=True)   # the alternating layer has no causal step
-    with pytest.raises(uf.ConfigError, match="isotropic heads only"):
-        uf.ModelConfig.preset("certified-causal", metric="free")
+    with pytest.raises(uf.ConfigError, match="no rotary path"):
+        uf.ModelConfig.preset("certified-causal", metric="free", positions="rotary")
     model = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2))
     with pytest.raises(uf.ConfigError, match="by construction"):
         model(torch.randn(1, 3, D), safeguard=True)

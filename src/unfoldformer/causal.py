@@ -25,6 +25,20 @@ Features are centred on each sample's first real token (a causal choice: a shift
 z_ij unchanged, and token i's result depends on tokens j ≤ i only), and the pass runs in float64 where the
 float32 Gram-form logits' bound exceeds `softmax.PRECISION_TARGET` (THEORY §3.10).
 
+Maps and free keys (`metric="free"` or `"diagonal"`, `keys="tied"` or `"free"`; no rotary). Token i's energy
+with per-head maps A_h and keys k_j of the context, E_i(y) = w_i Σ_h Σ_{j≤i} ρ(½‖c_h(y) A_hᵀ − k^h_j‖²) + λ⁻¹(…),
+with k_j = c̄_j A_hᵀ (tied: THEORY §3.8's metric, query = key) or k_j = ȳ_j K_h (free: any key map K_h of the
+whole input state — the context is held fixed, so the keys are constants of E_i). Linearising ρ at Ȳ gives per
+head Σ_j β_ij ½‖c A_hᵀ − k_j‖², Hessian d_i A_hᵀA_h ⪯ μ_h d_i I (μ_h ≥ λ_max(A_hᵀA_h), `metrics.spectral_bound`),
+so with ν' = λ w_i/(1 + γ) the preconditioned step c_i⁺ = c̄_i − α[ν'(d_i q_i − Σ_j β_ij k_j) A_h + c̄_i − p_i] /
+(ν' μ_h d_i + 1), q_i = c̄_i A_hᵀ, descends the separable quadratic majoriser, hence E_i, for α ∈ (0, 1] and any
+A_h, K_h (a gradient step of length ≤ 1/L on a quadratic whose Hessian is ⪯ L I). Its full-α target is
+(1 − g_i) p_i + g_i (c̄_i − (q_i − o_i) A_h/μ_h), o_i = Σ_j β_ij k_j / d_i, g_i = σ(log ν' μ_h d_i): for ρ = exp the
+same fused causal pass with queries q and keys k (`mapped_targets`). Isotropic A_h = s_h I with tied keys is the
+step above exactly. The value a head writes is its keys mapped back through A_h, so free keys let a head select
+by one part of the context's state (a position) and copy another (a character) — what q = k = v cannot
+(docs/results/lm.md, "Why the certified decoder trails").
+
 `conditional_energies` evaluates E_i in float64 from explicit differences y − ȳ_j (chunked over query rows).
 The sequence energy G(Y) = Σ_i E_i(y_i | Y) is its sum with y = ȳ = Y: a measurement, not certified.
 """
@@ -45,7 +59,7 @@ from .softmax import PRECISION_TARGET, key_bias, logit_error_bound, softmax_with
 from .steps import toward
 
 __all__ = ["DecoderOutput", "causal_joint_step", "causal_log_weight", "causal_targets", "causal_trace",
-           "conditional_energies", "visible_counts"]
+           "conditional_energies", "mapped_targets", "visible_counts"]
 
 _CHUNK_ELEMENTS = 1 << 22       # float64 entries of one (B, c, n, d) block of pair differences: 32 MiB
 
@@ -71,39 +85,52 @@ def _features(C: Tensor, scales: Tensor, valid: Tensor) -> Tensor:
     return (C - _first_real(C, valid)) * scales.to(C.dtype)[:, None]
 
 
-def _needs_float64(a: Tensor, valid: Tensor) -> bool:
+def _needs_float64(a: Tensor, valid: Tensor, k: Tensor | None = None) -> bool:
+    """Whether the float32 Gram-form logits of queries `a` (and keys `k`, default the queries) may err beyond
+    `softmax.PRECISION_TARGET` (THEORY §3.10)."""
     if a.dtype == torch.float64 or a.shape[1] < 2:
         return False
-    radius_sq = (a.detach() * a.detach()).sum(-1).where(valid[..., None], 0.0).max()
-    return float(logit_error_bound(radius_sq, a.shape[-1], a.dtype)) > PRECISION_TARGET
+    radius_sq = max(float((z.detach() * z.detach()).sum(-1).where(valid[..., None], 0.0).max())
+                    for z in ((a,) if k is None else (a, k)))
+    return float(logit_error_bound(torch.tensor(radius_sq), a.shape[-1], a.dtype)) > PRECISION_TARGET
 
 
-def _softmax_average(a: Tensor, C: Tensor, valid: Tensor, last_only: bool) -> tuple[Tensor, Tensor]:
-    """ρ = exp: (o_i (B, q, H, dh), log d_i (B, q, H)) over j ≤ i, q = n (or 1: the last token, every key)."""
-    half = 0.5 * a.square().sum(-1, keepdim=True)                   # (B, n, H, 1) ½‖a_j‖²
+def _softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, last_only: bool) -> tuple[Tensor, Tensor]:
+    """ρ = exp: (o_i (B, q, H, w), log d_i (B, q, H)) over j ≤ i, β_ij = exp(−½‖a_i − k_j‖²), values V_j; a, k
+    (B, n, H, dh) queries and keys (the same tensor for tied keys), V (B, n, H, dh); q = n (or 1: the last token,
+    every key)."""
+    half = 0.5 * a.square().sum(-1, keepdim=True)                   # (B, n, H, 1) ½‖a_i‖²
+    half_k = half if k is a else 0.5 * k.square().sum(-1, keepdim=True)   # (B, n, H, 1) ½‖k_j‖²
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1) [a_i, 1]
-    k = torch.cat([a, key_bias(valid, a.dtype) - half], dim=-1)    # (B, n, H, dh + 1) [a_j, −½‖a_j‖²]
-    v = torch.cat([C, torch.zeros_like(half)], dim=-1)             # (B, n, H, dh + 1) last column 0 (LSE gradient)
+    kk = torch.cat([k, key_bias(valid, k.dtype) - half_k], dim=-1)  # (B, n, H, dh + 1) [k_j, −½‖k_j‖²]
+    v = torch.cat([V, torch.zeros_like(half)], dim=-1)             # (B, n, H, w + 1) last column 0 (LSE gradient)
     if last_only:
         q, half = q[:, -1:], half[:, -1:]                          # the new token sees every key: no mask at all
-    out, lse = softmax_with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
-                                causal=not last_only)             # (B, H, q, dh + 1), (B, H, q)
+    out, lse = softmax_with_lse(q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2), None,
+                                causal=not last_only)             # (B, H, q, w + 1), (B, H, q)
     return out.transpose(1, 2)[..., :-1], lse.transpose(1, 2) - half[..., 0]
 
 
-def _dense_average(a: Tensor, C: Tensor, valid: Tensor, rho: Rho, last_only: bool) -> tuple[Tensor, Tensor]:
-    """Other ρ: (Σ_j β_ij c_j / d_i, log d_i) from the masked n × n weights of each head."""
+def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho,
+                   last_only: bool) -> tuple[Tensor, Tensor]:
+    """Other ρ: (Σ_j β_ij V_j / d_i, log d_i) from the masked n × n weights ρ'(½‖a_i − k_j‖²) of each head."""
     n = a.shape[1]
-    at, Ct = a.transpose(1, 2), C.transpose(1, 2)                  # (B, H, n, ·)
+    at, kt, Vt = a.transpose(1, 2), k.transpose(1, 2), V.transpose(1, 2)   # (B, H, n, ·)
     rows = at[:, :, -1:] if last_only else at                      # (B, H, q, dh)
-    sq = at.square().sum(-1)                                       # (B, H, n)
-    z = (0.5 * (sq[:, :, -rows.shape[2]:, None] + sq[:, :, None, :]) - rows @ at.transpose(-1, -2)).clamp_min(0)
+    sq_q, sq_k = rows.square().sum(-1), kt.square().sum(-1)        # (B, H, q), (B, H, n)
+    z = (0.5 * (sq_q[..., None] + sq_k[:, :, None, :]) - rows @ kt.transpose(-1, -2)).clamp_min(0)
     i = torch.arange(n - rows.shape[2], n, device=a.device)[:, None]
     seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
     beta = torch.where(seen, rho.derivative(z), 0.0)               # (B, H, q, n)
-    deg = beta.sum(-1, keepdim=True)                               # (B, H, q, 1) ≥ ρ'(0) > 0 for a real query
-    avg = (beta @ Ct) / deg.clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, q, dh)
+    deg = beta.sum(-1, keepdim=True)                               # (B, H, q, 1)
+    avg = (beta @ Vt) / deg.clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, q, w)
     return avg.transpose(1, 2), deg[..., 0].clamp_min(torch.finfo(a.dtype).tiny).log().transpose(1, 2)
+
+
+def _average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, r: Rho, last_only: bool) -> tuple[Tensor, Tensor]:
+    if r.softmax:
+        return _softmax_average(a, k, V, valid, last_only)
+    return _dense_average(a, k, V, valid, r, last_only)
 
 
 def causal_targets(C: Tensor, P: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor, rho: str | Rho, *,
@@ -119,24 +146,47 @@ def causal_targets(C: Tensor, P: Tensor, scales: Tensor, log_nu: Tensor, valid: 
     Cw = C
     if _needs_float64(a, valid):                                   # far groups, large norms: the pass in float64
         a, Cw = _features(C.double(), scales.double(), valid), C.double()
-    avg, log_deg = (_softmax_average(a, Cw, valid, last_only) if r.softmax
-                    else _dense_average(a, Cw, valid, r, last_only))   # (B, q, H, dh), (B, q, H)
+    avg, log_deg = _average(a, a, Cw, valid, r, last_only)         # (B, q, H, dh), (B, q, H)
     gate = torch.sigmoid(log_nu.to(log_deg.dtype) + log_deg)[..., None]   # (B, q, H, 1) ν'd/(ν'd + 1)
     return torch.lerp(P.to(avg.dtype), avg, gate).to(C.dtype)
 
 
-def conditional_energies(Y: Tensor, context: Tensor, X: Tensor, heads, scales: Tensor, W: Tensor | None,
+def mapped_targets(C: Tensor, keys: Tensor, P: Tensor, A: Tensor, mu: Tensor, log_nu: Tensor, valid: Tensor,
+                   rho: str | Rho, *, last_only: bool = False) -> Tensor:
+    """The full-α target with per-head maps A_h (queries q_i = c_i A_hᵀ) and context keys k_j (module doc,
+    "Maps and free keys"): t_i = (1 − g_i) p_i + g_i (c_i − (q_i − o_i) A_h / μ_h), o_i = Σ_{j≤i} β_ij k_j / d_i,
+    β_ij = ρ'(½‖q_i − k_j‖²), g_i = σ(log ν' + log μ_h + log d_i).
+
+    C (B, n, H, dh) the layer input's head coordinates, keys (B, n, H, dh) (c_j A_hᵀ for tied keys, ȳ_j K_h for
+    free ones), P (B, q, H, dh), A (H, dh, dh), mu (H,), log_nu log(λ w_i/(1 + γ)) broadcastable to (B, q, H)."""
+    r = get_rho(rho)
+    n, q_rows = C.shape[1], P.shape[1]
+    Cq = C[:, n - q_rows:]                                         # (B, q, H, dh) the query rows
+    queries = torch.einsum("bnhk,hlk->bnhl", C, A)                 # (B, n, H, dh) c_i A_hᵀ
+    shift = _first_real(keys, valid)                               # (B, 1, H, dh): z_ij unchanged, o shifted
+    a, k = queries - shift, keys - shift
+    if _needs_float64(a, valid, k):
+        a, k = a.double(), k.double()
+    avg, log_deg = _average(a, k, k, valid, r, last_only)          # (B, q, H, dh) o_i − shift, (B, q, H)
+    gap = (a[:, n - q_rows:] - avg).to(C.dtype)                    # (B, q, H, dh) q_i − o_i (shift-free)
+    mapped = Cq - torch.einsum("bqhl,hlk->bqhk", gap, A) / mu[:, None]   # c_i − (q_i − o_i) A_h / μ_h
+    log_gate = log_nu.to(log_deg.dtype) + mu.log().to(log_deg.dtype) + log_deg
+    gate = torch.sigmoid(log_gate)[..., None].to(C.dtype)          # (B, q, H, 1)
+    return torch.lerp(P, mapped, gate)
+
+
+def conditional_energies(Y: Tensor, context: Tensor, X: Tensor, queries, keys, W: Tensor | None,
                          b: Tensor | None, lam: float, gamma: float | Tensor, rho: str | Rho, valid: Tensor,
                          length_norm: bool) -> Tensor:
     """E_i(y_i | context) for every token, (B, n) float64 (0 at padded rows); module doc.
 
-    Y, context, X (B, n, d) in one basis (a layer's); `heads` maps (B, n, d) to its head coordinates (B, n, H, dh)
-    (rotated with rotary positions); `scales` (H,); W (d, m), b (m,) the tied FFN in that basis (None: no FFN).
-    Every operand is converted to float64; attention terms from explicit differences y_i − ȳ_j."""
+    Y, context, X (B, n, d) in one basis (a layer's); `queries` maps the states Y (B, n, d) to their query
+    features (B, n, H, dh) (s_h c, rotated with rotary positions, or c A_hᵀ), `keys` the context to its keys (the
+    same map for tied keys, ȳ K_h for free ones); W (d, m), b (m,) the tied FFN in that basis (None: no FFN).
+    Every operand is converted to float64; attention terms from explicit differences q_i − k_j."""
     r = get_rho(rho)
     Yd, Cd, Xd = Y.double(), context.double(), X.double()
-    s = scales.double()[:, None]                                   # (H, 1)
-    a_new, a_ctx = heads(Yd) * s, heads(Cd) * s                    # (B, n, H, dh)
+    a_new, a_ctx = queries(Yd), keys(Cd)                           # (B, n, H, dh)
     B, n, H, dh = a_new.shape
     seen = valid[:, None, :] & torch.ones(n, n, dtype=torch.bool, device=Y.device).tril()   # (B, n, n) j ≤ i, real
     step = max(1, _CHUNK_ELEMENTS // max(1, B * n * H * dh))
@@ -178,7 +228,12 @@ def causal_joint_step(f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, alpha: fl
     log_nu = f.log_nu - (torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma))   # (H,)
     if layer.attention.length_norm:                                # ν_{h,i} = λ s_h²/m_i
         log_nu = log_nu + causal_log_weight(valid, Y.dtype)[:, n - q:, None]                # (B, q, H)
-    target = causal_targets(C, P, f.scales, log_nu, valid, layer.attention.rho, last_only=last_only)
+    if f.A is not None:                                            # maps A_h, tied or free keys (no rotary)
+        keys = (torch.einsum("bnhk,hlk->bnhl", C, f.A) if f.K is None
+                else torch.einsum("bnd,hdk->bnhk", Y, f.K))        # (B, n, H, dh) c_j A_hᵀ or ȳ_j K_h
+        target = mapped_targets(C, keys, P, f.A, f.mu, log_nu, valid, layer.attention.rho, last_only=last_only)
+    else:
+        target = causal_targets(C, P, f.scales, log_nu, valid, layer.attention.rho, last_only=last_only)
     new = toward(C[:, n - q:], target, alpha)                      # (B, q, H, dh)
     if rows is not None:
         new = rotate_heads(new, rows, inverse=True)
@@ -222,12 +277,18 @@ def _layer_energies(f64: _Frame, Z: Tensor, context: Tensor, Xr: Tensor, valid: 
     """E_i(z_i | context) (B, n) float64 for the layer of frame `f64` (its float64 operators) in its basis."""
     att = f64.layer.attention
 
-    def heads(W: Tensor) -> Tensor:                                 # (B, n, d) -> (B, n, H, dh), rotated if rotary
+    def queries(W: Tensor) -> Tensor:                               # (B, n, d) -> (B, n, H, dh) query features
         B, n, d = W.shape
         C = W.reshape(B, n, att.H, d // att.H)
-        return rotate_heads(C, rope_tables(n, d // att.H, W.dtype, W.device)) if att.rotary else C
+        if f64.A is not None:
+            return torch.einsum("bnhk,hlk->bnhl", C, f64.A)          # c A_hᵀ
+        C = rotate_heads(C, rope_tables(n, d // att.H, W.dtype, W.device)) if att.rotary else C
+        return C * f64.scales[:, None]                             # s_h c
 
-    return conditional_energies(Z, context, Xr, heads, f64.scales, f64.W, f64.b, att.lam, f64.layer.gamma, att.rho,
+    def keys(W: Tensor) -> Tensor:
+        return queries(W) if f64.K is None else torch.einsum("bnd,hdk->bnhk", W, f64.K)   # ȳ K_h
+
+    return conditional_energies(Z, context, Xr, queries, keys, f64.W, f64.b, att.lam, f64.layer.gamma, att.rho,
                                 valid, att.length_norm)
 
 

@@ -36,6 +36,9 @@ different input, every guarantee holds); `"rotary"` rotates queries, keys and va
 anchored attention (still certified) and queries and keys in the standard baseline.
 Free metrics (THEORY §3.8, `metrics.py`), anchored attention: `metric="diagonal"` or `"free"` replaces the
 per-head scale s_h by a map A_h (query = key = c A_hᵀ, value map A_hᵀA_h/μ_h), still certified.
+Causal keys (`causal.py`), the causal joint layer with `metric="free"`: `keys="tied"` (query = key, THEORY §3.11)
+or `"free"`: the context's keys ȳ_j K_h have their own map K_h (d × d/H per head). Token i's conditional energy
+holds its context fixed, so any key map keeps every token's step certified (docs/theory.md, "Causal keys").
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ ATTENTION_KINDS = ("anchored", "metric", "released", "standard", "energy-transfo
 BASIS_MAPS = ("exp", "cayley")
 FFN_KINDS = ("tied", "symmetric", "released", "none", "standard", "hopfield", "ista")
 LAYER_KINDS = ("alternating", "joint")      # anchored attention with the tied FFN: two sub-steps, or one (§3.7)
+CAUSAL_KEYS = ("tied", "free")              # causal joint layer: keys = queries (§3.11) or the context's own map
 ATTENTION_NORMS = ("none", "length")        # anchored attention: E_A weighted by 1, or by 1/n (§3.7)
 FFN_BOUNDS = ("none", "spectral")           # tied FFN: W1 free, or ‖W1‖₂ ≤ 1 by parametrisation (E bounded below)
 ROTARY_ATTENTIONS = ("anchored", "standard")
@@ -90,7 +94,8 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 spectrum_method="clip", dropout=0.0, certified=False, energy_step=0.1, ista_step=0.1,
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
                 ffn_weight=1.0, attention_norm="none", ffn_bound="none",
-                positions="none", max_positions=512, metric="isotropic", learn_steps=False, causal=False)
+                positions="none", max_positions=512, metric="isotropic", learn_steps=False, causal=False,
+                keys="tied")
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -200,6 +205,7 @@ class ModelConfig:
     metric: str | None = None             # anchored: isotropic (s_h I) | diagonal | free per-head map A_h (§3.8)
     learn_steps: bool | None = None       # joint layer only: learned α ∈ (0, alpha_attention], γ > 0 per layer
     causal: bool | None = None            # joint layer only: token i sees j ≤ i, one MM step per token (§3.11)
+    keys: str | None = None               # causal only: tied (q = k = v, §3.11) | free (context keys ȳ_j K_h)
 
     def __post_init__(self) -> None:
         self.preset_name = current_preset(self.preset_name)     # an old name given now: warn, map
@@ -243,6 +249,11 @@ class ModelConfig:
                 raise ConfigError("basis_map applies only to a learned basis (learn_basis=True); "
                                   f"preset {self.preset_name!r} here has learn_basis=False")
             values["basis_map"] = None
+        if "causal" in values and not values["causal"]:
+            if self.keys is not None:
+                raise ConfigError("keys applies only to a causal layer (causal=True): an encoder's keys are its "
+                                  "queries, or its energy is no longer one energy of all tokens")
+            values["keys"] = None
         cfg = ModelConfig(**values)
         cfg._check_ranges()
         return cfg
@@ -322,9 +333,14 @@ class ModelConfig:
                 raise ConfigError("rotary anchored attention runs with the tied FFN or none")
         if self.metric is not None and self.metric not in METRICS:
             raise ConfigError(f"metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
-        if self.causal and self.metric != "isotropic":
-            raise ConfigError(f"causal=True runs isotropic heads only (s_h I); metric={self.metric!r} has no causal "
-                              "path yet")
+        if self.keys is not None and self.keys not in CAUSAL_KEYS:
+            raise ConfigError(f"keys must be one of {', '.join(CAUSAL_KEYS)}, got {self.keys!r}")
+        if self.keys == "free" and self.metric != "free":
+            raise ConfigError(f"keys='free' goes with metric='free' (queries c_i A_hᵀ, context keys ȳ_j K_h), got "
+                              f"metric={self.metric!r}")
+        if self.causal and self.metric != "isotropic" and self.positions == "rotary":
+            raise ConfigError(f"a causal layer with metric={self.metric!r} has no rotary path: use learned or "
+                              "sinusoidal positions, or metric='isotropic'")
         if self.metric not in (None, "isotropic") and self.ffn not in ("tied", "none"):
             raise ConfigError(f"metric={self.metric!r} runs with the tied FFN or none")
         if self.ffn_weight is not None and not self.ffn_weight >= 0:
@@ -382,7 +398,7 @@ def _used_fields(attention: str, ffn: str, layer: str, positions: str = "none") 
     if attention == "anchored" and ffn == "tied":
         used.add("layer")
         if layer == "joint":          # one step of size alpha_attention; γ weights the FFN term
-            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps", "causal"}
+            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps", "causal", "keys"}
     return used
 
 

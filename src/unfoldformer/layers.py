@@ -64,12 +64,14 @@ class AnchoredAttention(nn.Module):
     `length_norm`: the attention term weighted by 1/n (n = the sample's real tokens), i.e. λ/n per sample.
     `metric` (THEORY §3.8, `metrics.py`): isotropic heads s_h I (parameter `log_scale`), a diagonal map
     diag(a_h) (`metric_diag` (H, dh)) or a free map A_h (`metric_map` (H, dh, dh)), each starting at
-    s_h = dh^{-1/4}. `rotary` (THEORY §3.9, `positions.py`): RoPE on queries, keys and values (the model
-    runs it in `rotated.py`; this module's energy rotates too, its step refuses)."""
+    s_h = dh^{-1/4}. `keys="free"` (causal layers only, `causal.py`): a key map K_h (`key_map` (H, d, dh), in the
+    layer's basis) for the context, starting at the tied keys (c A_hᵀ). `rotary` (THEORY §3.9, `positions.py`):
+    RoPE on queries, keys and values (the model runs it in `rotated.py`; this module's energy rotates too, its
+    step refuses)."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
                  basis_map: str = "exp", length_norm: bool = False, metric: str = "isotropic",
-                 rotary: bool = False, *, certified: bool = True):
+                 rotary: bool = False, *, certified: bool = True, keys: str = "tied"):
         super().__init__()
         check_positive("anchor_weight", lam)
         check_step("alpha_attention", alpha, "anchored", certified=certified)
@@ -83,6 +85,9 @@ class AnchoredAttention(nn.Module):
             self.metric_diag = nn.Parameter(torch.full((n_heads, dh), s0))
         else:
             self.metric_map = nn.Parameter(s0 * torch.eye(dh).repeat(n_heads, 1, 1))
+        if keys == "free":                    # causal only: the context's key map K_h (H, d, dh), from the tied one
+            blocks = torch.eye(d).reshape(d, n_heads, dh).permute(1, 0, 2)    # (H, d, dh) head h's coordinates
+            self.key_map = nn.Parameter(s0 * blocks)
         self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
 
     def maps(self) -> Tensor | None:

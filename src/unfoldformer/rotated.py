@@ -63,6 +63,7 @@ class _Frame(NamedTuple):
     W_bias: Tensor | None     # (d + 1, m) [W̃; b], for products without autograd
     A: Tensor | None = None   # (H, dh, dh) maps A_h of a diagonal or free metric (§3.8); None: isotropic
     mu: Tensor | None = None  # (H,) μ_h ≥ λ_max(A_hᵀA_h)
+    K: Tensor | None = None   # (H, d, dh) the causal context's key map (keys="free"); None: keys = queries
 
 
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
@@ -93,8 +94,9 @@ def _build_frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     W_bias = None if W is None else torch.cat([W, b[None]], dim=0).detach()   # (d + 1, m)
     A = att.maps()
     mu = None if A is None else att.mu().to(dtype)
+    K = getattr(att, "key_map", None)
     return _Frame(Q, att.scales().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias,
-                  None if A is None else A.to(dtype), mu)
+                  None if A is None else A.to(dtype), mu, None if K is None else K.to(dtype))
 
 
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:

@@ -64,6 +64,7 @@ class LMTrainConfig:
     ffn_weight: float = 1.0              # certified only: γ, the FFN term's weight
     attention_norm: str = "length"       # certified only: length (λ/m_i) | none (λ)
     ffn_bound: str = "none"              # certified only: none | spectral (‖W1‖₂ ≤ 1: the energy bounded below)
+    keys: str = "tied"                   # certified only: tied (q = k = v, §3.11) | free (per-head maps A_h, K_h)
 
     def check(self) -> LMTrainConfig:
         if self.model not in MODELS:
@@ -81,6 +82,8 @@ class LMTrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.ffn_bound not in ("none", "spectral"):
             raise ConfigError(f"--ffn-bound must be none or spectral, got {self.ffn_bound!r}")
+        if self.keys not in ("tied", "free"):
+            raise ConfigError(f"--keys must be tied or free, got {self.keys!r}")
         if self.attention_norm not in ("length", "none"):
             raise ConfigError(f"--attention-norm must be length or none, got {self.attention_norm!r}")
         if not (isinstance(self.anchor_weight, (int, float)) and math.isfinite(self.anchor_weight)
@@ -105,9 +108,10 @@ def decoder_config(cfg: LMTrainConfig) -> ModelConfig:
     shape = dict(d_model=cfg.width, n_heads=cfg.heads, depth=cfg.layers, ffn_hidden=4 * cfg.width)
     if cfg.model == "standard":
         return ModelConfig.preset("standard", dropout=0.0, **shape)
+    free = dict(metric="free", keys="free") if cfg.keys == "free" else {}
     return ModelConfig.preset("certified-causal", tied=cfg.model == "certified", anchor_weight=cfg.anchor_weight,
                               ffn_weight=cfg.ffn_weight, attention_norm=cfg.attention_norm, ffn_bound=cfg.ffn_bound,
-                              **shape)
+                              **free, **shape)
 
 
 def build_model(cfg: LMTrainConfig, tokenizer: CharTokenizer) -> LanguageModel:
