@@ -1,0 +1,213 @@
+"""Causal layers with per-head maps and free context keys (`keys="free"`, `causal.mapped_targets`).
+
+Token i's conditional energy holds its context fixed, so the context's keys ȳ_j K_h may have their own map; the
+preconditioned MM step with μ_h ≥ λ_max(A_hᵀA_h) lowers every token's energy for any A_h, K_h. The references
+here are written from the formulas with explicit pair differences, token by token."""
+import pytest
+import torch
+
+import unfoldformer as uf
+from unfoldformer.decoder import extend, prefill
+from unfoldformer.lm.model import LanguageModel, LMConfig
+from unfoldformer.metrics import spectral_bound
+from unfoldformer.rho import get_rho
+
+D, H = 8, 2
+DH = D // H
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def _model(seed, *, keys="free", tied=False, rho="exp", norm="none", depth=2, basis=False, spread=0.5):
+    cfg = uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=depth, ffn_hidden=16, metric="free",
+                                keys=keys, tied=tied, rho=rho, attention_norm=norm, learn_basis=basis,
+                                ffn_weight=0.7, anchor_weight=1.3)
+    torch.manual_seed(seed)
+    model = uf.UnfoldedTransformer(cfg).double()
+    with torch.no_grad():                                          # far from the symmetric start
+        for p in model.parameters():
+            p.add_(spread * torch.randn_like(p))
+    return model
+
+
+def _reference_layer(layer, Y, X, valid):
+    """One causal step of `layer` (no basis) from THEORY's formulas, token by token and head by head."""
+    att, ffn = layer.attention, layer.ffn
+    A, K = att.metric_map.detach(), att.key_map.detach() if hasattr(att, "key_map") else None
+    mu = spectral_bound(A)
+    gamma, lam, r = float(layer.gamma), att.lam, get_rho(att.rho)
+    out = X.clone()
+    for b in range(Y.shape[0]):
+        real = [j for j in range(Y.shape[1]) if valid[b, j]]
+        for i in real:
+            seen = [j for j in real if j <= i]
+            w = 1.0 / len(seen) if att.length_norm else 1.0
+            nu = lam * w / (1 + gamma)
+            hidden = torch.relu(Y[b, i] @ ffn.W1.detach() + ffn.b.detach())
+            p = (X[b, i] + gamma * hidden @ ffn.W1.detach().T) / (1 + gamma)        # (d,)
+            for h in range(H):
+                sl = slice(h * DH, (h + 1) * DH)
+                c = Y[b, i, sl]
+                q = A[h] @ c                                                      # c A_hᵀ as a column
+                keys = [Y[b, j] @ K[h] if K is not None else A[h] @ Y[b, j, sl] for j in seen]
+                beta = torch.stack([r.derivative(0.5 * (q - k).square().sum()) for k in keys])
+                pull = beta.sum() * q - sum(bj * k for bj, k in zip(beta, keys))      # Σ_j β_ij (q_i − k_j)
+                grad = nu * (A[h].T @ pull) + c - p[sl]
+                out[b, i, sl] = c - grad / (nu * mu[h] * beta.sum() + 1)
+    return out
+
+
+def _reference_energy(layer, y, context, X, valid):
+    """E_i(y_i | context) (B, n) from explicit differences, the library's units (THEORY's divided by λ)."""
+    att, ffn = layer.attention, layer.ffn
+    A, K = att.metric_map.detach(), att.key_map.detach() if hasattr(att, "key_map") else None
+    gamma, lam, r = float(layer.gamma), att.lam, get_rho(att.rho)
+    E = torch.zeros(y.shape[:2], dtype=torch.float64)
+    for b in range(y.shape[0]):
+        real = [j for j in range(y.shape[1]) if valid[b, j]]
+        for i in real:
+            seen = [j for j in real if j <= i]
+            e = 0.0
+            for h in range(H):
+                sl = slice(h * DH, (h + 1) * DH)
+                q = A[h] @ y[b, i, sl]
+                for j in seen:
+                    k = context[b, j] @ K[h] if K is not None else A[h] @ context[b, j, sl]
+                    e = e + r.value(0.5 * (q - k).square().sum())
+            if att.length_norm:
+                e = e / len(seen)
+            hidden = torch.relu(y[b, i] @ ffn.W1.detach() + ffn.b.detach())
+            rest = 0.5 * (y[b, i] - X[b, i]).square().sum() + gamma * 0.5 * (y[b, i].square().sum()
+                                                                               - hidden.square().sum())
+            E[b, i] = e + rest / lam
+    return E
+
+
+CASES = [("free", "exp", "none"), ("free", "exp", "length"), ("free", "log", "none"), ("tied", "exp", "length"),
+         ("free", "linear", "none")]
+
+
+@pytest.mark.parametrize("keys,rho,norm", CASES)
+@pytest.mark.parametrize("tokens", ["gaussian", "identical", "far", "one"])
+def test_the_step_is_the_formula(keys, rho, norm, tokens):
+    model = _model(1, keys=keys, rho=rho, norm=norm)
+    n = 1 if tokens == "one" else 7
+    X = torch.randn(2, n, D, dtype=torch.float64)
+    if tokens == "identical":
+        X = X[:, :1].expand(2, n, D).clone()
+    if tokens == "far":
+        X = X + 6.0 * torch.randn(2, 1, D, dtype=torch.float64)   # a common offset, R up to ~20
+    pad = torch.zeros(2, n, dtype=torch.bool)
+    if n > 1:
+        pad[1, :3] = True                                          # left padding in the second sample
+    with torch.no_grad():
+        out = model(X, pad).hidden
+        Y, valid = X.clone(), ~pad
+        for ell in range(model.config.depth):
+            Y = _reference_layer(model.layers[ell], Y, X, valid)
+    # Gram-form logits err by ≤ (dh + 2)·eps·2R² (R² ≤ 400 here), which moves an average by ≤ 4R times that;
+    # the rest is O(eps) per operation: 1e-9 relative is above both and far below any formula error.
+    scale = 1 + float(Y.abs().max())
+    assert (out - Y)[valid].abs().max() <= 1e-9 * scale
+    assert torch.equal(out[pad], X[pad])                           # padded rows are the input's
+
+
+@pytest.mark.parametrize("keys", ["free", "tied"])
+def test_the_energies_are_the_formula(keys):
+    model = _model(2, keys=keys, norm="length")
+    X = torch.randn(2, 6, D, dtype=torch.float64)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[0, :2] = True
+    with torch.no_grad():
+        out = model(X, pad, return_energies=True)
+        layer = model.layers[0]
+        first = _reference_layer(layer, X, X, ~pad)
+        before = _reference_energy(layer, X, X, X, ~pad)
+        after = _reference_energy(layer, first, X, X, ~pad)
+    tol = 1e-10 * (1 + before.abs().max())
+    assert (out.token_before[:, 0] - before).abs().max() <= tol
+    assert (out.token_after[:, 0] - after).abs().max() <= tol
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("rho", ["exp", "log"])
+def test_every_token_descends_for_any_maps(tied, rho):
+    """Many random maps, scales and inputs, float64 and float32: no token's conditional energy rises at any
+    layer beyond the dtype's descent tolerance, and most fall."""
+    fell = 0
+    for seed in range(12):
+        model = _model(seed, tied=tied, rho=rho, depth=3, basis=seed % 2 == 1, spread=0.3 + seed / 4,
+                       norm=("none", "length")[seed % 2])
+        torch.manual_seed(100 + seed)
+        X = torch.randn(3, 9, D, dtype=torch.float64) * (1 + seed)
+        X[1, 4:] = X[1, 3]                                         # identical tokens
+        for dtype in (torch.float64, torch.float32):
+            with torch.no_grad():
+                out = model.to(dtype)(X.to(dtype), return_energies=True)
+            assert bool(out.token_lowered().all()), (seed, dtype)
+            fell += int((out.token_after < out.token_before).sum())
+        model.double()
+    assert fell > 0.8 * 12 * 2 * 3 * 27
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_cache_equals_the_full_forward(tied):
+    model = _model(3, tied=tied, depth=3)
+    x = torch.randn(2, 10, D, dtype=torch.float64)
+    with torch.no_grad():
+        full = model(x).hidden
+        first, cache = prefill(model, x[:, :3])
+        rows = [first] + [extend(model, cache, x[:, t: t + 1]) for t in range(3, 10)]
+    # the same sums in another order: a few units of round-off per layer and key
+    assert (torch.cat(rows, 1) - full).abs().max() <= 64 * EPS64 * 10 * 3 * (1 + float(full.abs().max()))
+
+
+def test_free_keys_start_as_the_tied_keys():
+    free = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2,
+                                                        metric="free", keys="free", tied=False)).double()
+    tied = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2,
+                                                        metric="free", keys="tied", tied=False)).double()
+    state = {k: v for k, v in free.state_dict().items() if "key_map" not in k}
+    tied.load_state_dict(state)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    with torch.no_grad():
+        assert (free(x).hidden - tied(x).hidden).abs().max() <= 1e-12 * (1 + float(x.abs().max()))
+        free.layers[0].attention.key_map.add_(0.3)                 # and a changed key map changes the function
+        assert (free(x).hidden - tied(x).hidden).abs().max() > 1e-3
+
+
+def test_refusals_and_old_configs():
+    with pytest.raises(uf.ConfigError, match="only to a causal layer"):
+        uf.ModelConfig.preset("certified", keys="free")
+    with pytest.raises(uf.ConfigError, match="goes with metric='free'"):
+        uf.ModelConfig.preset("certified-causal", keys="free")
+    with pytest.raises(uf.ConfigError, match="keys must be one of"):
+        uf.ModelConfig.preset("certified-causal", metric="free", keys="loose")
+    old = uf.ModelConfig.preset("certified-causal").to_dict()
+    old.pop("keys")                                                # a config saved before the field existed
+    assert uf.ModelConfig.from_dict(old).keys == "tied"
+    assert uf.ModelConfig.preset("certified").keys is None          # encoders carry no keys field value
+
+
+def test_a_language_model_with_free_keys_round_trips(tmp_path):
+    cfg = uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2, ffn_hidden=16, metric="free",
+                                keys="free", tied=False, attention_norm="none")
+    torch.manual_seed(0)
+    lm = LanguageModel(LMConfig(vocab_size=11, context=12, decoder=cfg.to_dict()))
+    again = LanguageModel.from_pretrained(lm.save_pretrained(tmp_path / "lm"))
+    ids = torch.randint(0, 11, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(lm(ids)[0], again(ids)[0])
+        out = lm.hidden(ids, return_energies=True)
+    assert out.token_descent_share() == 1.0
+    g = torch.Generator().manual_seed(0)
+    assert lm.generate(ids[:, :3], 5, generator=g).shape == (2, 8)
+
+
+def test_the_nn_style_layer_takes_free_keys():
+    torch.manual_seed(0)
+    layer = uf.CertifiedDecoderLayer(D, H, 16, metric="free", keys="free", attention_norm="none").double()
+    with torch.no_grad():
+        layer.decoder.layers[0].attention.key_map.add_(torch.randn(H, D, DH, dtype=torch.float64))
+        out = layer(torch.randn(2, 5, D, dtype=torch.float64), return_energies=True)
+    assert bool(out.token_lowered().all()) and bool((out.token_after < out.token_before).any())
+
