@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F_nn
+from torch import Tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -67,51 +68,64 @@ def ngram_losses() -> dict:
     return out
 
 
+def _row(a: Tensor, k: Tensor, log_nu: Tensor, strict: bool, scales: list[float]) -> dict:
+    """The statistics of one layer's pass: queries a and keys k (B, n, H, dh), log ν' (H,) or (B, n, H) (with
+    log μ_h added for maps)."""
+    at, kt = a.double().transpose(1, 2), k.double().transpose(1, 2)   # (B, H, n, dh)
+    n = at.shape[2]
+    logits = at @ kt.transpose(-1, -2) - 0.5 * kt.square().sum(-1)[:, :, None, :]   # (B, H, n, n)
+    seen = torch.ones(n, n, dtype=torch.bool).tril(-1 if strict else 0)
+    seen[0, 0] = True                                              # row 0 (never counted): no empty row
+    logits = logits.masked_fill(~seen, float("-inf"))
+    w = torch.softmax(logits, -1)                                  # (B, H, n, n) the rows' weights
+    entropy = -(w * w.clamp_min(1e-300).log()).sum(-1)             # (B, H, n)
+    m = torch.arange(1, n + 1, dtype=torch.float64) - (1 if strict else 0)
+    m[0] = 1
+    own = torch.diagonal(w, dim1=-2, dim2=-1)                      # (B, H, n)
+    prev = torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)          # (B, H, n − 1) weight on j = i − 1
+    log_deg = torch.logsumexp(logits, -1) - 0.5 * at.square().sum(-1)
+    nu = log_nu.double()
+    nu = nu.permute(0, 2, 1) if nu.dim() == 3 else nu[None, :, None]   # (B or 1, H, n or 1)
+    gate = torch.sigmoid(nu + log_deg)                             # (B, H, n) the attention's share
+    return {"effective_keys_share": float((entropy.exp() / m)[..., FROM:].mean()),
+            "self_weight": float(own[..., FROM:].mean()), "previous_weight": float(prev[..., FROM - 1:].mean()),
+            "uniform_weight": float((1 / m)[FROM:].mean()), "gate": float(gate[..., FROM:].mean()),
+            "scales": scales}
+
+
 def attention_statistics(folder: Path, windows: int = 32, strict: bool = False) -> list[dict]:
     """Per layer of the run in `folder`: the module doc's statistics, recorded around `causal.causal_targets`
-    (`strict`: of the step without the self pair, keys j < i)."""
+    and `causal.mapped_targets` (`strict`: of the step without the self pair, keys j < i). For per-head maps
+    the `scales` column holds ‖A_h‖₂."""
     model, tok, cfg = lm_train.load_run(folder)
     model.eval()
     _, val = split(torch.tensor(tok.encode(load_text(cfg.data))), cfg.context)
     x, _ = validation_windows(val, cfg.context)
-    rows, inner = [], causal.causal_targets
+    rows, tied, mapped = [], causal.causal_targets, causal.mapped_targets
 
     def recorded(C, P, scales, log_nu, valid, rho, *, last_only=False):
-        a = (C - C[:, :1]).double() * scales.double()[:, None]           # (B, n, H, dh) no padding here
-        at = a.transpose(1, 2)                                         # (B, H, n, dh)
-        n = at.shape[2]
-        logits = at @ at.transpose(-1, -2) - 0.5 * at.square().sum(-1)[:, :, None, :]   # (B, H, n, n)
-        seen = torch.ones(n, n, dtype=torch.bool).tril(-1 if strict else 0)
-        seen[0, 0] = True                                              # row 0 (never counted): no empty row
-        w = torch.softmax(logits.masked_fill(~seen, float("-inf")), -1)   # (B, H, n, n) the rows' weights
-        entropy = -(w * w.clamp_min(1e-300).log()).sum(-1)             # (B, H, n)
-        m = torch.arange(1, n + 1, dtype=torch.float64) - (1 if strict else 0)
-        m[0] = 1
-        own = torch.diagonal(w, dim1=-2, dim2=-1)                      # (B, H, n)
-        prev = torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)          # (B, H, n − 1) weight on j = i − 1
-        log_deg = torch.logsumexp(logits.masked_fill(~seen, float("-inf")), -1) - 0.5 * at.square().sum(-1)
-        nu = log_nu.double()
-        nu = nu.permute(0, 2, 1) if nu.dim() == 3 else nu[None, :, None]   # (B or 1, H, n or 1)
-        gate = torch.sigmoid(nu + log_deg)                             # (B, H, n) the attention's share
-        rows.append({"effective_keys_share": float((entropy.exp() / m)[..., FROM:].mean()),
-                     "self_weight": float(own[..., FROM:].mean()),
-                     "previous_weight": float(prev[..., FROM - 1:].mean()),
-                     "uniform_weight": float((1 / m)[FROM:].mean()), "gate": float(gate[..., FROM:].mean()),
-                     "scales": [round(float(s), 4) for s in scales]})
-        return inner(C, P, scales, log_nu, valid, rho, last_only=last_only)
+        a = (C - C[:, :1]) * scales[:, None]                           # (B, n, H, dh) no padding here
+        rows.append(_row(a, a, log_nu, strict, [round(float(s), 4) for s in scales]))
+        return tied(C, P, scales, log_nu, valid, rho, last_only=last_only)
 
-    causal.causal_targets = recorded
+    def recorded_mapped(C, keys, P, A, mu, log_nu, valid, rho, *, last_only=False):
+        queries = torch.einsum("bnhk,hlk->bnhl", C, A)                 # c A_hᵀ
+        norms = torch.linalg.matrix_norm(A.double(), ord=2)
+        rows.append(_row(queries, keys, log_nu + mu.log(), strict, [round(float(v), 4) for v in norms]))
+        return mapped(C, keys, P, A, mu, log_nu, valid, rho, last_only=last_only)
+
+    causal.causal_targets, causal.mapped_targets = recorded, recorded_mapped
     try:
         with torch.no_grad():
             model(x[:windows])
     finally:
-        causal.causal_targets = inner
+        causal.causal_targets, causal.mapped_targets = tied, mapped
     return rows
 
 
 def attention() -> Path:
     record = {"ngram_val_loss": ngram_losses(), "from_position": FROM, "models": {}}
-    for name in ("certified", "certified-untied"):
+    for name in ("certified", "certified-untied", "certified-normnone-keysfree", "certified-untied-normnone-keysfree"):
         for seed in (0, 1, 2):
             folder = SCRATCH / f"{name}-seed{seed}-iters2000"
             if (folder / "model.safetensors").is_file():
