@@ -43,7 +43,6 @@ import unfoldformer.lm.train as lm_train  # noqa: E402
 from unfoldformer.config import ModelConfig  # noqa: E402
 from unfoldformer.lm.data import load_text, split, validation_windows  # noqa: E402
 from unfoldformer.lm.tokenizer import CharTokenizer  # noqa: E402
-from unfoldformer.softmax import key_bias, softmax_with_lse  # noqa: E402
 from unfoldformer.utils import write_json  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "lm" / "diagnosis"
@@ -111,7 +110,8 @@ def attention_statistics(folder: Path, windows: int = 32, strict: bool = False) 
     def recorded_mapped(C, keys, P, A, mu, log_nu, valid, rho, *, last_only=False):
         queries = torch.einsum("bnhk,hlk->bnhl", C, A)                 # c A_hᵀ
         norms = torch.linalg.matrix_norm(A.double(), ord=2)
-        rows.append(_row(queries, keys, log_nu + mu.log(), strict, [round(float(v), 4) for v in norms]))
+        rows.append(_row(queries, queries if keys is None else keys, log_nu + mu.log(), strict,
+                         [round(float(v), 4) for v in norms]))
         return mapped(C, keys, P, A, mu, log_nu, valid, rho, last_only=last_only)
 
     causal.causal_targets, causal.mapped_targets = recorded, recorded_mapped
@@ -136,23 +136,19 @@ def attention() -> Path:
     return path
 
 
-def _strict_average(a, C, valid, last_only):
-    """`causal._softmax_average` without the self pair: query i sees keys j < i (row 0: no key, weight 0)."""
-    half = 0.5 * a.square().sum(-1, keepdim=True)                   # (B, n, H, 1)
-    q = torch.cat([a, torch.ones_like(half)], dim=-1)
-    k = torch.cat([a, key_bias(valid, a.dtype) - half], dim=-1)
-    v = torch.cat([C, torch.zeros_like(half)], dim=-1)
-    none = torch.full_like(half[:, :1, :, 0], -1e30)                # log d of a row without keys
+_library_average = causal._softmax_average
+
+
+def _strict_average(a, k, V, valid, last_only):
+    """`causal._softmax_average` without the self pair: query i sees keys j < i (a row without keys: weight 0).
+    The library's pass on keys shifted by one: query i + 1 in its causal mode sees keys ≤ i."""
+    none = torch.full_like(a[:, :1, :, 0], -1e30)                   # (B, 1, H) log d of a row without keys
+    if a.shape[1] == 1:
+        return torch.zeros_like(V[:, -1:]), none
     if last_only:
-        if a.shape[1] == 1:
-            return torch.zeros_like(C[:, -1:]), none
-        out, lse = softmax_with_lse(q[:, -1:].transpose(1, 2), k[:, :-1].transpose(1, 2), v[:, :-1].transpose(1, 2),
-                                    None)
-        return out.transpose(1, 2)[..., :-1], lse.transpose(1, 2) - half[:, -1:, :, 0]
-    out, lse = softmax_with_lse(q[:, 1:].transpose(1, 2), k[:, :-1].transpose(1, 2), v[:, :-1].transpose(1, 2), None,
-                                causal=True)                       # query i + 1 sees keys ≤ i
-    out = torch.cat([torch.zeros_like(C[:, :1]), out.transpose(1, 2)[..., :-1]], 1)
-    return out, torch.cat([none, lse.transpose(1, 2) - half[:, 1:, :, 0]], 1)
+        return _library_average(a, k[:, :-1], V[:, :-1], valid[:, :-1], True)
+    out, log_deg = _library_average(a[:, 1:], k[:, :-1], V[:, :-1], valid[:, :-1], False)
+    return torch.cat([torch.zeros_like(V[:, :1]), out], 1), torch.cat([none, log_deg], 1)
 
 
 def screen(variants: list[str], iters: int, seed: int) -> Path:

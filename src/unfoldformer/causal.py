@@ -97,13 +97,13 @@ def _needs_float64(a: Tensor, valid: Tensor, k: Tensor | None = None) -> bool:
 
 def _softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, last_only: bool) -> tuple[Tensor, Tensor]:
     """ρ = exp: (o_i (B, q, H, w), log d_i (B, q, H)) over j ≤ i, β_ij = exp(−½‖a_i − k_j‖²), values V_j; a, k
-    (B, n, H, dh) queries and keys (the same tensor for tied keys), V (B, n, H, dh); q = n (or 1: the last token,
-    every key)."""
+    (B, n, H, dh) queries and keys (the same tensor for tied keys), V the keys' values; q = n (or 1: the last token,
+    every key; then the keys may be fewer than the queries)."""
     half = 0.5 * a.square().sum(-1, keepdim=True)                   # (B, n, H, 1) ½‖a_i‖²
     half_k = half if k is a else 0.5 * k.square().sum(-1, keepdim=True)   # (B, n, H, 1) ½‖k_j‖²
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1) [a_i, 1]
     kk = torch.cat([k, key_bias(valid, k.dtype) - half_k], dim=-1)  # (B, n, H, dh + 1) [k_j, −½‖k_j‖²]
-    v = torch.cat([V, torch.zeros_like(half)], dim=-1)             # (B, n, H, w + 1) last column 0 (LSE gradient)
+    v = torch.cat([V, torch.zeros_like(half_k)], dim=-1)           # (B, n, H, w + 1) last column 0 (LSE gradient)
     if last_only:
         q, half = q[:, -1:], half[:, -1:]                          # the new token sees every key: no mask at all
     out, lse = softmax_with_lse(q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2), None,
@@ -151,22 +151,26 @@ def causal_targets(C: Tensor, P: Tensor, scales: Tensor, log_nu: Tensor, valid: 
     return torch.lerp(P.to(avg.dtype), avg, gate).to(C.dtype)
 
 
-def mapped_targets(C: Tensor, keys: Tensor, P: Tensor, A: Tensor, mu: Tensor, log_nu: Tensor, valid: Tensor,
+def mapped_targets(C: Tensor, keys: Tensor | None, P: Tensor, A: Tensor, mu: Tensor, log_nu: Tensor, valid: Tensor,
                    rho: str | Rho, *, last_only: bool = False) -> Tensor:
     """The full-α target with per-head maps A_h (queries q_i = c_i A_hᵀ) and context keys k_j (module doc,
     "Maps and free keys"): t_i = (1 − g_i) p_i + g_i (c_i − (q_i − o_i) A_h / μ_h), o_i = Σ_{j≤i} β_ij k_j / d_i,
     β_ij = ρ'(½‖q_i − k_j‖²), g_i = σ(log ν' + log μ_h + log d_i).
 
-    C (B, n, H, dh) the layer input's head coordinates, keys (B, n, H, dh) (c_j A_hᵀ for tied keys, ȳ_j K_h for
-    free ones), P (B, q, H, dh), A (H, dh, dh), mu (H,), log_nu log(λ w_i/(1 + γ)) broadcastable to (B, q, H)."""
+    C (B, n, H, dh) the layer input's head coordinates, keys (B, n, H, dh) the context's keys ȳ_j K_h (free keys)
+    or None (tied keys: the queries c_j A_hᵀ), P (B, q, H, dh), A (H, dh, dh), mu (H,), log_nu log(λ w_i/(1 + γ))
+    broadcastable to (B, q, H)."""
     r = get_rho(rho)
     n, q_rows = C.shape[1], P.shape[1]
     Cq = C[:, n - q_rows:]                                         # (B, q, H, dh) the query rows
     queries = torch.einsum("bnhk,hlk->bnhl", C, A)                 # (B, n, H, dh) c_i A_hᵀ
-    shift = _first_real(keys, valid)                               # (B, 1, H, dh): z_ij unchanged, o shifted
-    a, k = queries - shift, keys - shift
-    if _needs_float64(a, valid, k):
-        a, k = a.double(), k.double()
+    tied = keys is None
+    shift = _first_real(queries if tied else keys, valid)          # (B, 1, H, dh): z_ij unchanged, o shifted
+    a = queries - shift
+    k = a if tied else keys - shift
+    if _needs_float64(a, valid, None if tied else k):
+        a = a.double()
+        k = a if tied else k.double()
     avg, log_deg = _average(a, k, k, valid, r, last_only)          # (B, q, H, dh) o_i − shift, (B, q, H)
     gap = (a[:, n - q_rows:] - avg).to(C.dtype)                    # (B, q, H, dh) q_i − o_i (shift-free)
     mapped = Cq - torch.einsum("bqhl,hlk->bqhk", gap, A) / mu[:, None]   # c_i − (q_i − o_i) A_h / μ_h
@@ -229,8 +233,7 @@ def causal_joint_step(f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, alpha: fl
     if layer.attention.length_norm:                                # ν_{h,i} = λ s_h²/m_i
         log_nu = log_nu + causal_log_weight(valid, Y.dtype)[:, n - q:, None]                # (B, q, H)
     if f.A is not None:                                            # maps A_h, tied or free keys (no rotary)
-        keys = (torch.einsum("bnhk,hlk->bnhl", C, f.A) if f.K is None
-                else torch.einsum("bnd,hdk->bnhk", Y, f.K))        # (B, n, H, dh) c_j A_hᵀ or ȳ_j K_h
+        keys = None if f.K is None else torch.einsum("bnd,hdk->bnhk", Y, f.K)   # (B, n, H, dh) ȳ_j K_h
         target = mapped_targets(C, keys, P, f.A, f.mu, log_nu, valid, layer.attention.rho, last_only=last_only)
     else:
         target = causal_targets(C, P, f.scales, log_nu, valid, layer.attention.rho, last_only=last_only)

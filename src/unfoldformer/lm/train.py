@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..config import CAUSAL_KEYS, ModelConfig
 from ..errors import ConfigError
 from ..persist import save_model
 from ..persist.manifest import run_folder_kind
@@ -82,8 +82,8 @@ class LMTrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.ffn_bound not in ("none", "spectral"):
             raise ConfigError(f"--ffn-bound must be none or spectral, got {self.ffn_bound!r}")
-        if self.keys not in ("tied", "free"):
-            raise ConfigError(f"--keys must be tied or free, got {self.keys!r}")
+        if self.keys not in CAUSAL_KEYS:
+            raise ConfigError(f"--keys must be one of {', '.join(CAUSAL_KEYS)}, got {self.keys!r}")
         if self.attention_norm not in ("length", "none"):
             raise ConfigError(f"--attention-norm must be length or none, got {self.attention_norm!r}")
         if not (isinstance(self.anchor_weight, (int, float)) and math.isfinite(self.anchor_weight)
