@@ -48,12 +48,13 @@ def test_fused_kernel_values_and_gradients_equal_explicit_logits():
         assert torch.allclose(fused, explicit, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("rows", [None, 1, 3])
-def test_attention_pass_equals_the_pair_definition(rows):
+@pytest.mark.parametrize("rows,fused", [(None, None), (None, True), (1, True), (3, True)])
+def test_attention_pass_equals_the_pair_definition(rows, fused):
     """log S_i = log Σ_{j≠i, real} e^{−z_ij} and o_i = Σ_{j≠i} e^{−z_ij} c_j / S_i, in query chunks of any size;
-    with the diagonal, log d_i = log Σ_{j real} e^{−z_ij} and its average (real queries)."""
+    with the diagonal, log d_i = log Σ_{j real} e^{−z_ij} and its average (real queries). n = 7: the default is
+    the explicit pass of short sequences, `fused=True` the flash kernel."""
     C, valid, scales = _case(1)
-    res = attention_pass(C, scales, valid, rows=rows)
+    res = attention_pass(C, scales, valid, rows=rows, fused=fused)
     z, pair = _pairs(C, valid, scales)
     weights = torch.where(pair, torch.exp(-z), 0.0)                 # (B, H, n, n)
     mass = weights.sum(-1).transpose(1, 2)                           # (B, n, H)
@@ -68,7 +69,7 @@ def test_attention_pass_equals_the_pair_definition(rows):
     assert torch.allclose(got[sel], average[sel], rtol=1e-12, atol=1e-12)
     expected = -0.5 * torch.where(pair, torch.exp(-z), 0.0).sum(dim=(1, 2, 3))
     assert torch.allclose(mass_energy(res, valid), expected, rtol=1e-12, atol=0)
-    full = attention_pass(C, scales, valid, diagonal=True)
+    full = attention_pass(C, scales, valid, diagonal=True, fused=fused)
     eye = torch.eye(C.shape[1], dtype=torch.bool)
     weights = torch.where(pair | (eye & valid[:, None, :, None]), torch.exp(-z), 0.0)   # j = i counted
     real = valid[..., None].expand_as(mass)

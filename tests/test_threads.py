@@ -139,3 +139,33 @@ def test_a_forward_runs_at_the_free_cores_and_the_environment_can_fix_the_count(
         out = subprocess.run([sys.executable, "-c", probe.replace("NBUSY", str(cpus - 1))], env=env,
                              capture_output=True, text=True, check=True, timeout=120)
         assert out.stdout.strip() == expected
+
+
+def test_the_backward_pass_runs_at_the_forwards_count_and_the_callers_count_comes_back(fake_load):
+    """One core busy with another process: the forward runs at 1 thread, and so does the backward through its
+    output (recorded by a hook on the input's gradient, which runs after the model's backward); the caller's 2
+    threads are back once the backward pass ends, and the gradients equal those of a forward and backward at the
+    caller's count (float64: the thread count changes no arithmetic of these small products)."""
+    import torch
+
+    import unfoldformer as uf
+    torch.manual_seed(0)
+    enc = uf.CertifiedEncoder(uf.CertifiedEncoderLayer(8, 2, 16), 2).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    seen = []
+    x.register_hook(lambda g: seen.append(torch.get_num_threads()))
+    fake_load(others=1.0, own=1.0)
+    out = enc(x)
+    assert torch.get_num_threads() == 2                             # the forward gave the count back
+    out.square().sum().backward()
+    assert seen == [1] and torch.get_num_threads() == 2
+    grad_lowered = x.grad.clone()
+    x.grad = None
+    fake_load(others=0.0, own=1.0)                                  # idle: nothing lowered
+    enc(x).square().sum().backward()
+    assert seen == [1, 2] and torch.get_num_threads() == 2
+    assert torch.allclose(x.grad, grad_lowered, rtol=1e-12, atol=1e-12)
+    fake_load(others=1.0, own=1.0)
+    with torch.no_grad():                                           # no graph: no hook, nothing changes
+        enc(x)
+    assert torch.get_num_threads() == 2

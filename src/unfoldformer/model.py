@@ -58,7 +58,7 @@ from .layers import AnchoredAttention, EnergyTerms, LayerTrace, MetricAttention,
 from .pretrained import PretrainedMixin
 from .released import ReleasedAttention, ReleasedFFN
 from .rotated import RotatedStack, runs_rotated
-from .threads import free_core_threads
+from .threads import free_core_threads, hold_for_backward
 
 __all__ = ["EncoderOutput", "UnfoldedTransformer", "build_layer", "copy_layer", "masked_mean"]
 
@@ -330,7 +330,7 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
         if x.shape[0] == 0:                                          # an empty batch: empty outputs
             return _empty_output(x, self.config.depth, detail)
         # orthogonal head bases computed once per forward, not per use; threads for the free cores (`threads.py`)
-        with parametrize.cached(), free_core_threads():
+        with parametrize.cached(), free_core_threads() as threads:
             # energies of float32 (or lower) states are float64 evaluations of those states, for the safeguard's
             # decisions and for every reported curve alike (descent.py: their error is then far below the tolerance)
             exact = detail is not None and x.dtype != torch.float64
@@ -338,11 +338,15 @@ class UnfoldedTransformer(PretrainedMixin, nn.Module):
             stack = (rotated(self, x, valid, exact) if all(runs_rotated(layer) for layer in self.layers)
                      else _ModuleStack(self, x, padding_mask, exact))
             if detail is None:
-                return EncoderOutput(hidden=stack.run())
-            if self.config.causal:                                   # per-token conditional energies (`causal.py`)
+                out = EncoderOutput(hidden=stack.run())
+            elif self.config.causal:                                 # per-token conditional energies (`causal.py`)
                 from .causal import causal_trace
-                return causal_trace(stack, self.config.depth)
-            return self._traced_forward(stack, detail == "steps", max_halvings if safeguard else None)
+                out = causal_trace(stack, self.config.depth)
+            else:
+                out = self._traced_forward(stack, detail == "steps", max_halvings if safeguard else None)
+        if torch.is_grad_enabled():                                  # the backward pass at the forward's count
+            hold_for_backward(vars(out).values(), threads)
+        return out
 
     def _traced_forward(self, stack, substeps: bool, halvings: int | None) -> EncoderOutput:
         """All layers with their energy terms; `halvings` None: plain steps, else the safeguard."""

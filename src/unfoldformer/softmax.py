@@ -48,6 +48,10 @@ def masked_logit(dtype: torch.dtype) -> float:
 _MASK_ELEMENTS = 1 << 20     # entries of one (chunk, n) diagonal mask: 4 MiB in float32
 _FUSED_DTYPES = (torch.float32, torch.float64)
 _EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Sequences of at most this many tokens take the explicit pass on CPU (`_small_pass`), while its (B, H, n, n)
+#: logits hold at most `SMALL_PASS_ENTRIES` entries (16 MiB in float32); longer ones the flash kernel.
+SMALL_PASS_TOKENS = 32
+SMALL_PASS_ENTRIES = 1 << 22
 _ALIGN = 16                  # widths and mask rows padded to multiples of 16 entries (the kernel's alignment)
 
 
@@ -257,6 +261,9 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
                                   metric=None if metric is None else metric.double())
             avg = None if wide.average is None else wide.average.to(C.dtype)
             return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
+    if fused is None and n <= SMALL_PASS_TOKENS and B * H * n * n <= SMALL_PASS_ENTRIES \
+            and pass_kind(C.device.type, C.dtype) == "cpu-flash":
+        return _small_pass(C, a, half, valid, diagonal, average)
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
     k = torch.cat([a, key_bias(valid, C.dtype) - half], dim=-1)    # (B, n, H, dh + 1)
     if average:
@@ -277,6 +284,30 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
         lses.append(lse.transpose(1, 2))
     log_mass = (torch.cat(lses, dim=1) if len(lses) > 1 else lses[0]) - half[..., 0]   # (B, n, H)
     avg = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]) if average else None
+    return AttentionPass(avg, log_mass, diagonal)
+
+
+def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool) -> AttentionPass:
+    """The pass of short sequences from explicit logits a_i·a_j − ½‖a_j‖² (B, H, n, n): the same quantities as the
+    flash kernel (whose fixed blocks and per-thread buffers cost more than the work below `SMALL_PASS_TOKENS`,
+    and which ran slower at 2 threads than at 1 there), one batched product for the logits and one for the
+    average. The row maximum m_i is a constant of the gradient (the softmax and log-sum-exp do not depend on
+    it), so it is taken without autograd; without autograd the n × n buffer is reused in place."""
+    B, n, H, dh = C.shape
+    at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
+    key_term = (key_bias(valid, C.dtype)[..., 0] - half[..., 0]).transpose(1, 2)   # (B, H, n) −½‖a_j‖², MASKED if padded
+    logits = torch.baddbmm(key_term.reshape(B * H, 1, n), at, at.transpose(1, 2))   # (B·H, n, n) a_i·a_j + that
+    if not diagonal:
+        logits.diagonal(dim1=1, dim2=2).fill_(masked_logit(C.dtype))   # j = i (the product's backward needs no output)
+    logits = logits.view(B, H, n, n)
+    in_place = not (torch.is_grad_enabled() and logits.requires_grad)
+    top = logits.detach().amax(-1, keepdim=True)                   # (B, H, n, 1) m_i
+    weights = logits.sub_(top).exp_() if in_place else (logits - top).exp()   # (B, H, n, n) e^{ℓ_ij − m_i}
+    total = weights.sum(-1, keepdim=True)                          # (B, H, n, 1)
+    log_mass = (top + total.log())[..., 0].transpose(1, 2) - half[..., 0]   # (B, n, H) LSE_i − ½‖a_i‖²
+    avg = None
+    if average:
+        avg = ((weights @ C.transpose(1, 2)) / total).transpose(1, 2)   # (B, n, H, dh) o_i
     return AttentionPass(avg, log_mass, diagonal)
 
 

@@ -14,8 +14,9 @@ every `INTERVAL` seconds, lowers torch's intra-op thread count for the call to
     min(current, max(1, round(allowed CPUs − cores busy with other processes)))
 
 and restores the count it found when the call returns: the caller's count is the ceiling, and it is never
-changed outside the library's calls (a backward pass or optimiser step of the caller runs at the caller's
-count). Idle, nothing changes. No `/proc` (not Linux), or `UNFOLDFORMER_THREADS=fixed` in the environment, or
+changed outside the library's calls. A backward pass through a model's output runs at the count its forward
+ran at (`hold_for_backward`), and the caller's count is restored when that pass ends; the optimiser step runs
+at the caller's count. Idle, nothing changes. No `/proc` (not Linux), or `UNFOLDFORMER_THREADS=fixed` in the environment, or
 `set_policy("fixed")`: the count is left alone. Cost: two small file reads per `INTERVAL`; two calls to
 `torch.set_num_threads` per lowered call.
 """
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["free_core_threads", "free_cores", "set_policy"]
+__all__ = ["free_core_threads", "free_cores", "hold_for_backward", "set_policy"]
 
 #: Seconds between two samples of the CPU counters (the load is averaged over this window at least).
 INTERVAL = 0.25
@@ -136,6 +137,27 @@ def free_core_threads() -> Iterator[int]:
         yield target
     finally:
         torch.set_num_threads(current)
+
+
+def hold_for_backward(outputs, count: int) -> None:
+    """Run the backward pass through `outputs` (tensors; others are skipped) at `count` threads, the count the
+    forward ran at (`free_core_threads`), and give the caller's count back when that backward pass ends: a hook on
+    each output lowers the count when the output's gradient arrives and queues the restoring call at the end of
+    the pass (the autograd engine's callback queue), so the caller's count is never changed outside it. Nothing
+    happens where `count` is not below the count at that time (idle, `fixed` policy, a nested call)."""
+    for out in outputs:
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(_lower_for_backward(count))
+
+
+def _lower_for_backward(count: int):
+    def hook(grad):
+        caller = torch.get_num_threads()
+        if count < caller:
+            torch.set_num_threads(count)
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: torch.set_num_threads(caller))
+        return grad
+    return hook
 
 
 free_cores()                                                        # the first sample: a window soon
