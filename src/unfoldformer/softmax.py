@@ -292,8 +292,9 @@ def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: boo
     flash kernel, which at these lengths ran slower at 2 threads than at 1 (B 64, 4 heads, n 16: 0.33 ms at 1
     thread, 0.73 ms at 2, inside a 4-layer forward; docs/results/speed.md), with one batched product for the
     logits and one for the average. The row maximum m_i is a constant of the gradient (the softmax and the
-    log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is reused in place. Padded keys and
-    j = i get the logit MASKED as in the kernel's pass (a row with no other real key: log S_i ≈ MASKED)."""
+    log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is
+    reused in place. Padded keys and j = i get the logit MASKED as in the kernel's pass (a row with no other real
+    key: log S_i ≈ MASKED)."""
     B, n, H, dh = C.shape
     at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
     # (B, H, n) −½‖a_j‖², MASKED for padded keys
