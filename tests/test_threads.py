@@ -169,3 +169,27 @@ def test_the_backward_pass_runs_at_the_forwards_count_and_the_callers_count_come
     with torch.no_grad():                                           # no graph: no hook, nothing changes
         enc(x)
     assert torch.get_num_threads() == 2
+
+
+def test_a_backward_pass_that_raises_gives_the_count_back_at_the_next_library_call(fake_load):
+    """The queued restoring call runs only when the pass ends normally; after a pass that raised, the next call of
+    the library (here a forward, idle) restores the caller's 2 before it does anything else."""
+    import torch
+
+    import unfoldformer as uf
+    torch.manual_seed(0)
+    enc = uf.CertifiedEncoder(uf.CertifiedEncoderLayer(8, 2, 16), 2).double()
+    x = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+
+    def fail(grad):
+        raise RuntimeError("inside the backward pass")
+    x.register_hook(fail)
+    fake_load(others=1.0, own=1.0)
+    out = enc(x)
+    with pytest.raises(RuntimeError, match="inside the backward pass"):
+        out.sum().backward()
+    assert torch.get_num_threads() == 1                             # the pass raised before its end
+    fake_load(others=0.0, own=1.0)
+    with torch.no_grad():
+        enc(x)
+    assert torch.get_num_threads() == 2

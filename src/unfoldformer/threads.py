@@ -46,6 +46,7 @@ class _State:
         self.policy = "fixed" if os.environ.get("UNFOLDFORMER_THREADS", "").strip() == "fixed" else "free-cores"
         self.sample: tuple[float, int, int, int] | None = None   # (time, busy ticks, total ticks, own ticks)
         self.free: float | None = None
+        self.pending: int | None = None    # the caller's count a backward pass lowered and has not restored yet
 
 
 _STATE = _State()
@@ -123,6 +124,7 @@ def free_core_threads() -> Iterator[int]:
     count it found on exit: the caller's setting is the ceiling and is never changed outside the body, so a
     count set by the user (or by a test) is never raised. Yields the count in effect. Nested uses change
     nothing (the inner one finds the lowered count)."""
+    _restore_after_failed_backward()
     current = torch.get_num_threads()
     if _STATE.policy == "fixed" or torch.compiler.is_compiling():   # a compiled graph: no file reads inside
         yield current
@@ -144,7 +146,8 @@ def hold_for_backward(outputs, count: int) -> None:
     forward ran at (`free_core_threads`), and give the caller's count back when that backward pass ends: a hook on
     each output lowers the count when the output's gradient arrives and queues the restoring call at the end of
     the pass (the autograd engine's callback queue), so the caller's count is never changed outside it. Nothing
-    happens where `count` is not below the count at that time (idle, `fixed` policy, a nested call)."""
+    happens where `count` is not below the count at that time (idle, `fixed` policy, a nested call). A backward
+    pass that raises skips the queued call; the next library call (`free_core_threads`) then restores the count."""
     for out in outputs:
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(_lower_for_backward(count))
@@ -155,9 +158,28 @@ def _lower_for_backward(count: int):
         caller = torch.get_num_threads()
         if count < caller:
             torch.set_num_threads(count)
-            torch.autograd.Variable._execution_engine.queue_callback(lambda: torch.set_num_threads(caller))
+            _STATE.pending = caller
+            torch.autograd.Variable._execution_engine.queue_callback(_restore_after_backward)
         return grad
     return hook
+
+
+def _restore_after_backward() -> None:
+    caller, _STATE.pending = _STATE.pending, None
+    if caller is not None:
+        torch.set_num_threads(caller)
+
+
+def _restore_after_failed_backward() -> None:
+    """A backward pass that raised never runs its queued callback: the next library call gives the count back."""
+    if _STATE.pending is not None and _graph_task() < 0:              # not from inside a backward pass
+        _restore_after_backward()
+
+
+def _graph_task() -> int:
+    """The running backward pass's id, −1 outside one (or where torch does not say)."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return -1 if current is None else current()
 
 
 free_cores()                                                        # the first sample: a window soon
