@@ -4,6 +4,7 @@
     python benchmarks/fresh_tasks.py run --task keywords --model standard --seed 0      # through the CLI
     python benchmarks/fresh_tasks.py run --task listops --model joint-tied --seed 0
     python benchmarks/fresh_tasks.py run --task imdb8 --model standard --seed 0         # through the CLI
+    python benchmarks/fresh_tasks.py baselines       # ListOps read-outs without attention (the gap's diagnosis)
 
 Each cell writes benchmarks/results/fresh/TASK-MODEL-lrLR-seedS.json (accuracy, final training loss, parameters,
 step time, settings); `make_docs.py` builds the table of docs/results/fresh.md from those files.
@@ -75,17 +76,22 @@ class Classifier(nn.Module):
     """Input map (+ learned positions) → encoder → final LayerNorm → mean over real tokens → linear head."""
 
     def __init__(self, model: str, inputs, n_tokens: int, width: int, depth: int, n_classes: int,
-                 overrides: dict | None = None):
+                 overrides: dict | None = None, pool: str = "mean"):
         super().__init__()
         self.inputs = inputs()                                     # built here, after the seed is set
         self.positions = nn.Parameter(0.02 * torch.randn(n_tokens, width))
         self.encoder = encoder(model, width, depth, overrides)
-        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, n_classes)
+        self.pool = pool                                           # "mean"; "mean+first" (diagnosis only)
+        read = 2 * width if pool == "mean+first" else width
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(read, n_classes)
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
         h = self.inputs(x) + self.positions[: x.shape[1]]          # (B, n, width)
         h = self.norm(self.encoder(h, src_key_padding_mask=pad))   # (B, n, width)
-        return self.head(uf.classifier.masked_mean(h, pad))        # (B, C)
+        pooled = uf.classifier.masked_mean(h, pad)                 # (B, width)
+        if self.pool == "mean+first":
+            pooled = torch.cat([pooled, h[:, 0]], dim=-1)          # (B, 2·width) and the first token's state
+        return self.head(pooled)                                   # (B, C)
 
 
 def _data(task: str):
@@ -103,11 +109,12 @@ def _data(task: str):
     return (grow(ids_tr, 0), grow(pad_tr, True), y_tr, grow(ids_te, 0), grow(pad_te, True), y_te, table, n, 10)
 
 
-def run_in_process(task: str, model: str, lr: float, seed: int, overrides: dict | None = None) -> dict:
-    s = SETTINGS[task]
+def run_in_process(task: str, model: str, lr: float, seed: int, overrides: dict | None = None,
+                   pool: str = "mean", steps: int | None = None) -> dict:
+    s = SETTINGS[task] | ({} if steps is None else {"steps": steps})
     xtr, ptr, ytr, xte, pte, yte, inputs, n_tokens, n_classes = _data(task)
     torch.manual_seed(seed)
-    net = Classifier(model, inputs, n_tokens, s["width"], s["depth"], n_classes, overrides)
+    net = Classifier(model, inputs, n_tokens, s["width"], s["depth"], n_classes, overrides, pool)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
     losses, start = [], time.perf_counter()
@@ -172,6 +179,36 @@ def run_cli(model: str, lr: float, seed: int, overrides: dict | None = None, tas
             "settings": s | {"lr": lr}, "final": final}
 
 
+def listops_baselines(c_grid=(0.1, 1.0, 10.0, 100.0)) -> dict:
+    """What simple read-outs of ListOps reach (the diagnosis of the certified models' gap): logistic regression on
+    (a) the bag of tokens (each token's frequency in the expression) and (b) the bag plus the identity of the first
+    token (the outermost operator: one position every expression has). The same 2,000 / 500 expressions as the
+    suite; C chosen on the last 400 training expressions, then refitted on all 2,000 and scored once on the test."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(2000, seed=0)
+    ids_te, pad_te, y_te = fresh_data.listops_tokens(500, seed=1)
+    vocab = len(fresh_data.LISTOPS_VOCAB)
+
+    def bag(ids, pad):                                              # (N, V) token frequencies
+        counts = torch.zeros(ids.shape[0], vocab, dtype=torch.float64)
+        counts.scatter_add_(1, ids, (~pad).to(torch.float64))
+        return (counts / counts.sum(1, keepdim=True)).numpy()
+
+    def first(ids):                                                 # (N, V) one-hot of the first token
+        return np.eye(vocab)[ids[:, 0].numpy()]
+    features = {"bag of tokens": (bag(ids_tr, pad_tr), bag(ids_te, pad_te)),
+                "bag of tokens + first token": (np.hstack([bag(ids_tr, pad_tr), first(ids_tr)]),
+                                                np.hstack([bag(ids_te, pad_te), first(ids_te)]))}
+    ytr, yte = y_tr.numpy(), y_te.numpy()
+    out = {"majority class": float(np.bincount(yte).max() / len(yte))}
+    for name, (xtr, xte) in features.items():
+        fit = lambda c, x, y: LogisticRegression(C=c, max_iter=5000).fit(x, y)   # noqa: E731
+        best = max(c_grid, key=lambda c: fit(c, xtr[:1600], ytr[:1600]).score(xtr[1600:], ytr[1600:]))
+        out[name] = {"accuracy": float(fit(best, xtr, ytr).score(xte, yte)), "C": best}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,17 +219,32 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                      help="ModelConfig overrides of a certified model (diagnosis only), e.g. anchor_weight=16")
+    run.add_argument("--pool", choices=("mean", "mean+first"), default="mean",
+                     help="read-out (diagnosis only): mean over tokens, or that and the first token's state")
+    run.add_argument("--steps", type=int, default=None, help="training steps (diagnosis only; default: the task's)")
+    sub.add_parser("baselines", help="ListOps read-outs without attention (bag of tokens, + first token)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.command == "baselines":
+        record = listops_baselines()
+        write_json(OUT / "diagnosis" / "listops-baselines.json", record)
+        print(json.dumps(record))
+        return
+    if (args.pool != "mean" or args.steps is not None) and args.task in ("keywords", "imdb8"):
+        parser.error(f"--pool and --steps are for the in-process tasks (digits, listops); {args.task} runs through "
+                     "the CLI")
     lr = SETTINGS[args.task]["lr"] if args.lr is None else args.lr
     overrides = {k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
                  for k, v in (item.split("=", 1) for item in args.set)}
     record = run_cli(args.model, lr, args.seed, overrides, args.task) if args.task in ("keywords", "imdb8") \
-        else run_in_process(args.task, args.model, lr, args.seed, overrides)
+        else run_in_process(args.task, args.model, lr, args.seed, overrides, args.pool, args.steps)
     record = {"task": args.task, "model": args.model, "lr": lr, "seed": args.seed, **record,
-              "default_lr": lr == SETTINGS[args.task]["lr"], "threads": 1, "overrides": overrides}
-    tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
-    folder = OUT / "diagnosis" if overrides else OUT                # the table reads only the suite's cells
+              "default_lr": lr == SETTINGS[args.task]["lr"], "threads": 1, "overrides": overrides,
+              "pool": args.pool}
+    tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items())) + ("" if args.pool == "mean" else "-pool_first")
+    tag += "" if args.steps is None else f"-steps{args.steps}"
+    diagnosis = overrides or args.pool != "mean" or args.steps is not None
+    folder = OUT / "diagnosis" if diagnosis else OUT                # the table reads only the suite's cells
     write_json(folder / f"{args.task}-{args.model}{tag}-lr{lr:g}-seed{args.seed}.json", record)
     print(json.dumps({k: record[k] for k in ("task", "model", "lr", "seed", "accuracy", "train_loss")}))
 
