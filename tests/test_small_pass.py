@@ -159,3 +159,21 @@ def test_the_pass_gives_the_same_numbers_with_and_without_autograd():
     traced = attention_pass(Cg, scales, valid)
     assert torch.equal(plain.log_mass, traced.log_mass.detach())
     assert torch.equal(plain.average, traced.average.detach())
+
+
+@pytest.mark.parametrize("dtype,garbage", [(torch.float32, 1e33), (D64, 1e300)])
+@pytest.mark.parametrize("diagonal", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+def test_padded_keys_take_exactly_no_weight_whatever_they_hold(dtype, garbage, diagonal, grad):
+    """Real rows give the same bits whether the padded rows hold zeros or huge values (their weights are set to 0
+    after the exponential, not to its floor e^{log(tiny) + 1}, which huge values would turn into visible mass), on
+    the in-place path and on the differentiable one."""
+    C, valid, scales = _tokens("plain", 12, dtype=dtype)
+    valid[:, 8:] = False
+    zeros, huge = C.clone(), C.clone()
+    zeros[:, 8:] = 0.0
+    huge[:, 8:] = garbage
+    a, b = (attention_pass(x.requires_grad_(grad), scales, valid, diagonal=diagonal) for x in (zeros, huge))
+    rows = _rows_with_mass(valid, diagonal)
+    assert torch.equal(a.log_mass[rows], b.log_mass[rows])
+    assert torch.equal(a.average[rows], b.average[rows])
