@@ -18,7 +18,7 @@ Cells:
   the per-sample pair-difference reference of `energy_speed.py` on the same sequences: the ratio is the
   issue's ≥ 50× target.
 
-    python benchmarks/shared_machine.py run [--quick] [--json benchmarks/results/speed/shared_machine.json]
+    python benchmarks/shared_machine.py run [--quick] [--processes K] [--shapes 64,16,64 ...] [--json FILE]
     python benchmarks/shared_machine.py table [--json FILE]              # the markdown table
     python benchmarks/shared_machine.py cell --what inference --model joint-tied --shape 64 16 64 --threads 2
 """
@@ -130,29 +130,41 @@ def _run_cell(what, model, shape, threads, repeats) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True) -> dict:
+def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: int = 1) -> dict:
+    """Every cell of every condition, each the median over `processes` fresh processes (rounds: each round runs
+    every cell once, the models alternating within a shape, so a slow spell of the machine spreads over the
+    variants); the file is rewritten whole after each process, and a rerun continues where it stopped."""
     from tqdm import tqdm
     repeats = 3 if quick else 7
     cells = [(w, m, s) for s in shapes for w in ("inference", "train") for m in MODELS]
     if energy:
         cells.append(("energy", "library", (30, 2500, 300)))
     results = json.loads(out.read_text()) if out.exists() else {"cells": []}
-    done = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])) for c in results["cells"]}
-    total = len(LOADS) * len(THREADS) * len(cells)
-    bar = tqdm(total=total, desc="cells")
+    index = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
+    bar = tqdm(total=len(LOADS) * len(THREADS) * len(cells) * processes, desc="processes")
     for load in LOADS:
         busy = _busy() if load == "busy" else None
         try:
             time.sleep(0.5 if busy else 0.0)
             for threads in THREADS:
-                for what, model, shape in cells:                    # the models alternate within each shape
-                    bar.update()
-                    if (load, threads, what, model, tuple(shape)) in done:
-                        continue
-                    r = _run_cell(what, model, shape, threads, repeats)
-                    results["cells"].append({"load": load, "threads": threads, "what": what, "model": model,
-                                             "shape": list(shape), **r, "loadavg": os.getloadavg()[0]})
-                    _write(out, results)                            # whole file each time: a kill loses one cell
+                for round_ in range(processes):
+                    for what, model, shape in cells:                # the models alternate within each shape
+                        bar.update()
+                        key = (load, threads, what, model, tuple(shape))
+                        cell = index.get(key)
+                        if cell is not None and len(cell.get("process_medians", [cell["median_s"]])) > round_:
+                            continue
+                        r = _run_cell(what, model, shape, threads, repeats)
+                        if cell is None:
+                            cell = index[key] = {"load": load, "threads": threads, "what": what, "model": model,
+                                                 "shape": list(shape), "process_medians": []}
+                            results["cells"].append(cell)
+                        cell.setdefault("process_medians", [cell["median_s"]] if "median_s" in cell else [])
+                        cell["process_medians"].append(r["median_s"])
+                        others = {k: v for k, v in r.items() if k != "median_s"}
+                        cell.update(others, median_s=statistics.median(cell["process_medians"]),
+                                    loadavg=os.getloadavg()[0])
+                        _write(out, results)                        # whole file each time: a kill loses one process
         finally:
             if busy is not None:
                 busy.kill()
@@ -219,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run")
     r.add_argument("--quick", action="store_true", help="3 repeats per cell instead of 7")
     r.add_argument("--no-energy", action="store_true")
+    r.add_argument("--processes", type=int, default=1, help="fresh processes per cell (their median is the cell)")
+    r.add_argument("--shapes", nargs="+", default=None, metavar="B,N,D", help="only these shapes (default: all)")
     r.add_argument("--json", type=Path, default=RESULTS)
     t = sub.add_parser("table")
     t.add_argument("--json", type=Path, default=RESULTS)
@@ -226,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "cell":
         print(json.dumps(cell(args.what, args.model, tuple(args.shape), args.threads, args.repeats)))
     elif args.command == "run":
-        print(table(run(args.quick, args.json, energy=not args.no_energy)))
+        shapes = SHAPES if args.shapes is None else [tuple(int(v) for v in item.split(",")) for item in args.shapes]
+        print(table(run(args.quick, args.json, shapes, energy=not args.no_energy, processes=args.processes)))
     else:
         print(table(json.loads(args.json.read_text())))
 

@@ -161,12 +161,12 @@ def test_the_pass_gives_the_same_numbers_with_and_without_autograd():
     assert torch.equal(plain.average, traced.average.detach())
 
 
-@pytest.mark.parametrize("dtype,garbage", [(torch.float32, 1e33), (D64, 1e300)])
+@pytest.mark.parametrize("dtype,garbage", [(torch.float32, 1e16), (D64, 1e150)])
 @pytest.mark.parametrize("diagonal", [False, True])
 @pytest.mark.parametrize("grad", [False, True])
 def test_padded_keys_take_exactly_no_weight_whatever_they_hold(dtype, garbage, diagonal, grad):
     """Real rows give the same bits whether the padded rows hold zeros or huge values (their weights are set to 0
-    after the exponential, not to its floor e^{log(tiny) + 1}, which huge values would turn into visible mass), on
+    after the exponential, not left at its floor √tiny, which huge values would turn into visible mass), on
     the in-place path and on the differentiable one."""
     C, valid, scales = _tokens("plain", 12, dtype=dtype)
     valid[:, 8:] = False
