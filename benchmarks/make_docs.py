@@ -537,8 +537,11 @@ def shared_machine(results: Path) -> str:
     """`benchmarks/shared_machine.py`'s tables (torch imported first, fresh process per cell)."""
     import shared_machine as sm  # same folder
     data = _load(results, "speed/shared_machine.json")
-    head = ("*`python benchmarks/shared_machine.py run`* (torch imported before unfoldformer, one fresh process per "
-            "cell, median wall time of 7–21 repeats; busy: beside one single-thread Python loop)")
+    counts = sorted({len(c.get("process_medians", [0])) for c in data["cells"]})
+    processes = " or ".join(map(str, counts))
+    head = ("*`python benchmarks/shared_machine.py run`* (torch imported before unfoldformer; each cell the median "
+            f"over {processes} fresh process(es), each process's value the median wall time of 7–21 repeats; busy: "
+            "beside one single-thread Python loop)")
     return head + "\n\n" + sm.table(data)
 
 
