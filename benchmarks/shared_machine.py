@@ -140,6 +140,8 @@ def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: i
     if energy:
         cells.append(("energy", "library", (30, 2500, 300)))
     results = json.loads(out.read_text()) if out.exists() else {"cells": []}
+    for c in results["cells"]:                                      # cells measured before --processes: one each
+        c.setdefault("process_medians", [c["median_s"]])
     index = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
     bar = tqdm(total=len(LOADS) * len(THREADS) * len(cells) * processes, desc="processes")
     for load in LOADS:
@@ -152,18 +154,17 @@ def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: i
                         bar.update()
                         key = (load, threads, what, model, tuple(shape))
                         cell = index.get(key)
-                        if cell is not None and len(cell.get("process_medians", [cell["median_s"]])) > round_:
+                        if cell is not None and len(cell["process_medians"]) > round_:
                             continue
                         r = _run_cell(what, model, shape, threads, repeats)
                         if cell is None:
                             cell = index[key] = {"load": load, "threads": threads, "what": what, "model": model,
                                                  "shape": list(shape), "process_medians": []}
                             results["cells"].append(cell)
-                        cell.setdefault("process_medians", [cell["median_s"]] if "median_s" in cell else [])
                         cell["process_medians"].append(r["median_s"])
-                        others = {k: v for k, v in r.items() if k != "median_s"}
-                        cell.update(others, median_s=statistics.median(cell["process_medians"]),
-                                    loadavg=os.getloadavg()[0])
+                        cell.update(r, median_s=statistics.median(cell["process_medians"]), loadavg=os.getloadavg()[0])
+                        if "reference_s" in r:                      # the energy's ratio to the cell's median
+                            cell["ratio"] = r["reference_s"] / cell["median_s"]
                         _write(out, results)                        # whole file each time: a kill loses one process
         finally:
             if busy is not None:
