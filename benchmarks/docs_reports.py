@@ -1,7 +1,7 @@
 """Generated blocks that come from the commands' own reports rather than from the benchmark cells: the probe of a
-pretrained encoder (`unfoldformer probe`), the reproduction's verdicts (`unfoldformer reproduce`), the ρ study's
-token diversity (`unfoldformer rho-study`) and the measured rates of THEORY §3.6's counterexamples (the test that
-asserts them, `tests/test_steps.py`)."""
+pretrained encoder (`unfoldformer probe`) and its distilled students beside it, the reproduction's verdicts
+(`unfoldformer reproduce`), the ρ study's token diversity (`unfoldformer rho-study`) and the measured rates of
+THEORY §3.6's counterexamples (the test that asserts them, `tests/test_steps.py`)."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ from pathlib import Path
 from docs_common import load, md, threads_said
 from unfoldformer.paper.report import verdict_rows
 
-__all__ = ["counterexamples", "probe", "reproduction", "rho_spread"]
+__all__ = ["counterexamples", "pretrained_descent", "probe", "reproduction", "rho_spread"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def _cell(text: str) -> str:
     """A table cell: a literal `|` escaped so it does not split the row."""
     return text.replace("|", "\\|")
+
+
+def _whole(v: float) -> str:
+    return f"{v:,.0f}".replace("-", "−")
 
 
 def _signed(v: float) -> str:
@@ -51,6 +55,29 @@ def probe(results: Path) -> str:
             + f"\nOver all {len(heads['skew_ratio']) * n_heads} heads, against i.i.d. Gaussian weights of the same "
               "shapes:\n\n"
             + md(["measure", raw["model_class"], "random weights"], summary))
+
+
+def pretrained_descent(results: Path) -> str:
+    """Per layer: MiniLM's probe columns, then each distilled zoo encoder's share of texts whose layer energy fell
+    and median relative change, on the probe's texts (`benchmarks/pretrained_descent.py`)."""
+    record = load(results, "pretrained/descent-sst2.json")
+    head = ["layer", "MiniLM: share whose own energy falls", "MiniLM: median relative change"]
+    for name in record["students"]:
+        head += [f"`{name}`: share lowered", f"`{name}`: median relative change (median E before → after)"]
+    rows = []
+    for ell, row in enumerate(record["teacher"]["per_layer"]):
+        cells = [str(ell), f"{row['share_decreased']:.3f}", _signed(row["median_relative_change"])]
+        for s in record["students"].values():
+            cells += [f"{s['share_lowered'][ell]:.3f}", f"{_signed(s['median_relative_change'][ell])} "
+                      f"({_whole(s['median_energy_before'][ell])} → {_whole(s['median_energy_after'][ell])})"]
+        rows.append(cells)
+    every = ", ".join(f"`{k}` {s['every_layer_lowered']} / {s['texts']}" for k, s in record["students"].items())
+    share = statistics.fmean(r["share_decreased"] for r in record["teacher"]["per_layer"])
+    texts = record["texts"]
+    return (f"*`python benchmarks/pretrained_descent.py`*: the probe's {texts['samples']} SST-2 {texts['split']} "
+            f"texts (seed {texts['seed']}, at most {texts['max_length']} word pieces).\n\n" + md(head, rows)
+            + f"\nTexts on which every layer lowered its energy: {every}. MiniLM's layers lower the energy of "
+              f"their own heads on {share:.1%} of (text, layer) pairs.\n")
 
 
 def _counterexample_table() -> tuple[int, list[tuple[str, float, float, float]]]:

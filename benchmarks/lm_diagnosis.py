@@ -20,7 +20,11 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
 - `innorm`: the decoder's input X = LayerNorm(E[ids] + P[i]) (no affine), states of norm √d instead of ~0.5, so
   that distances are large enough for peaked attention;
 - `rotary`: rotary positions in the decoder (THEORY §3.9) besides the learned absolute ones;
-- `lam<λ>` / `normnone`: λ and no length normalisation.
+- `lam<λ>` / `normnone`: λ and no length normalisation;
+- `keysfree`: per-head maps and free context keys (`--keys free`); `untied`: one layer per depth; `lr<x>`: peak lr;
+- `sphere`: every head block of the state on the sphere of radius √dh (the input projected, each step's result
+  projected back). With the isotropic majoriser of each token's head block, the projected step minimises it over the
+  sphere, so every token's energy still falls (tied layers: the blocks are those of the one shared basis).
 Run with OMP_NUM_THREADS=1.
 """
 from __future__ import annotations
@@ -153,11 +157,13 @@ def _strict_average(a, k, V, valid, last_only):
 
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
-    known = {"strict", "innorm", "rotary", "normnone"}
-    lam = 1.0
+    known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere"}
+    lam, lr = 1.0, 1e-3
     for v in variants:
         if v.startswith("lam"):
             lam = float(v[3:])
+        elif v.startswith("lr"):
+            lr = float(v[2:])
         elif v not in known:
             raise SystemExit(f"unknown variant {v!r}: choose from {sorted(known)} or lam<λ>")
     if "strict" in variants:
@@ -172,9 +178,23 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
             x = raw(self, ids, start)
             return F_nn.layer_norm(x, x.shape[-1:])
         lm_model.LanguageModel.inputs = inputs
+    if "sphere" in variants:
+        step = causal.causal_joint_step
+
+        def on_sphere(Y: Tensor, H: int) -> Tensor:                 # (B, n, d): each head block at radius √dh
+            B, n, d = Y.shape
+            C = Y.reshape(B, n, H, d // H)
+            return (C * ((d // H) ** 0.5 / C.norm(dim=-1, keepdim=True).clamp_min(1e-12))).reshape(B, n, d)
+
+        def sphere_step(f, Y, Xr, valid, alpha, rotary, *, last_only=False):
+            H = f.layer.attention.H
+            return on_sphere(step(f, on_sphere(Y, H), Xr, valid, alpha, rotary, last_only=last_only), H)
+        causal.causal_joint_step = sphere_step
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
-    cfg = lm_train.LMTrainConfig(model="certified", iters=iters, seed=seed, eval_interval=max(1, iters // 4),
+    cfg = lm_train.LMTrainConfig(model="certified-untied" if "untied" in variants else "certified", iters=iters,
+                                 lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
+                                 seed=seed, eval_interval=max(1, iters // 4),
                                  eval_windows=100, anchor_weight=lam,
                                  attention_norm="none" if "normnone" in variants else "length")
     folder = SCRATCH / "screens" / f"{name}-seed{seed}-iters{iters}"
@@ -194,7 +214,8 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("attention")
     s = sub.add_parser("screen")
-    s.add_argument("--variant", default="", help="comma-separated: strict, innorm, rotary, normnone, lam<λ>")
+    s.add_argument("--variant", default="", help="comma-separated: strict, innorm, rotary, normnone, keysfree, "
+                   "untied, sphere, lam<λ>, lr<x>")
     s.add_argument("--iters", type=int, default=500)
     s.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

@@ -29,7 +29,7 @@ from docs_common import load as _load
 from docs_common import md as _md
 from docs_common import threads_said as _threads
 from docs_fresh import fresh
-from docs_reports import counterexamples, probe, reproduction, rho_spread
+from docs_reports import counterexamples, pretrained_descent, probe, reproduction, rho_spread
 from docs_speed import (
     compile_speed,
     energy_peak,
@@ -52,7 +52,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 FILES = ("README.md", "docs/index.md", "docs/results/index.md", "docs/results/accuracy.md", "docs/results/speed.md",
          "docs/results/rho.md", "docs/results/fit-study.md", "docs/results/peers.md", "docs/guides/custom-model.md",
          "docs/theory.md", "docs/results/reproduction.md",
-         "docs/results/fresh.md")
+         "docs/results/fresh.md", "docs/results/pretrained.md")
 BEGIN = re.compile(r"<!-- generated: (?P<name>[\w-]+) "
                    r"\(python benchmarks/make_docs.py\) -->\n")
 
@@ -555,6 +555,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "energy-peak": energy_peak, "rho-busy": rho_busy, "rho-threads": rho_threads,
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
     "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
+    "pretrained-descent": pretrained_descent,
     "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples, "compile": compile_speed,
     "certificate": certificate, "shared-machine": shared_machine}
 
