@@ -24,7 +24,10 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
 - `keysfree`: per-head maps and free context keys (`--keys free`); `untied`: one layer per depth; `lr<x>`: peak lr;
 - `sphere`: every head block of the state on the sphere of radius √dh (the input projected, each step's result
   projected back). With the isotropic majoriser of each token's head block, the projected step minimises it over the
-  sphere, so every token's energy still falls (tied layers: the blocks are those of the one shared basis).
+  sphere, so every token's energy still falls (tied layers: the blocks are those of the one shared basis);
+- `relbias[K]`: a learned bias b_h(i − j) = K θ per head and offset on each pair's logit (K = 1 by default), i.e.
+  pair weights e^{b} > 0 in each token's conditional energy (its context is held fixed, so any positive pair weights
+  keep the step certified).
 Run with OMP_NUM_THREADS=1.
 """
 from __future__ import annotations
@@ -42,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import unfoldformer.causal as causal  # noqa: E402
+import unfoldformer.layers as causal_layers  # noqa: E402
 import unfoldformer.lm.model as lm_model  # noqa: E402
 import unfoldformer.lm.train as lm_train  # noqa: E402
 from unfoldformer.config import ModelConfig  # noqa: E402
@@ -155,12 +159,51 @@ def _strict_average(a, k, V, valid, last_only):
     return torch.cat([torch.zeros_like(V[:, :1]), out], 1), torch.cat([none, log_deg], 1)
 
 
+def _relative_bias_variant(scale: float) -> None:
+    """Screen only: a learned bias b_h(i − j) = scale · θ_h(i − j) per head and offset, 0 at first, on every pair of
+    each token's conditional energy (pair weights e^{b} > 0: a per-token energy with any positive pair weights keeps
+    the MM step's guarantee), in an explicit causal pass. `scale` multiplies Adam's step on b."""
+    init, step = lm_model.LanguageModel.__init__, causal.causal_joint_step
+    current = {}
+
+    def with_bias(self, config):
+        init(self, config)
+        for module in self.modules():
+            if isinstance(module, causal_layers.AnchoredAttention):
+                module.rel_bias = torch.nn.Parameter(torch.zeros(module.H, config.context))
+
+    def biased_step(f, Y, Xr, valid, alpha, rotary, *, last_only=False):
+        current["bias"] = scale * f.layer.attention.rel_bias
+        return step(f, Y, Xr, valid, alpha, rotary, last_only=last_only)
+
+    def biased_average(a, k, V, valid, r, last_only):
+        n = a.shape[1]
+        rows = a[:, -1:] if last_only else a                            # (B, q, H, dh)
+        q = rows.shape[1]
+        i = torch.arange(n - q, n)[:, None]
+        j = torch.arange(n)[None, :]
+        offset = (i - j).clamp_min(0)                                   # (q, n)
+        bias = current["bias"][:, offset]                               # (H, q, n) b_h(i − j)
+        z = 0.5 * (rows[:, :, None] - k[:, None]).square().sum(-1)     # (B, q, n, H) ½‖a_i − k_j‖²
+        logits = bias.permute(1, 2, 0)[None].to(z.dtype) - z
+        seen = (j <= i)[None, :, :, None] & valid[:, None, :, None]     # (B, q, n, 1)
+        logits = logits.masked_fill(~seen, -1e30)
+        log_deg = torch.logsumexp(logits, dim=2)                        # (B, q, H)
+        weights = torch.softmax(logits, dim=2)                          # (B, q, n, H)
+        return torch.einsum("bqnh,bnhw->bqhw", weights, V), log_deg
+
+    lm_model.LanguageModel.__init__ = with_bias
+    causal.causal_joint_step, causal._average = biased_step, biased_average
+
+
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
     known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere"}
-    lam, lr = 1.0, 1e-3
+    lam, lr, bias_scale = 1.0, 1e-3, None
     for v in variants:
-        if v.startswith("lam"):
+        if v.startswith("relbias"):
+            bias_scale = float(v[7:] or 1)
+        elif v.startswith("lam"):
             lam = float(v[3:])
         elif v.startswith("lr"):
             lr = float(v[2:])
@@ -190,10 +233,13 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
             H = f.layer.attention.H
             return on_sphere(step(f, on_sphere(Y, H), Xr, valid, alpha, rotary, last_only=last_only), H)
         causal.causal_joint_step = sphere_step
+    if bias_scale is not None:
+        _relative_bias_variant(bias_scale)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
     cfg = lm_train.LMTrainConfig(model="certified-untied" if "untied" in variants else "certified", iters=iters,
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
+                                 relative_bias=0,
                                  seed=seed, eval_interval=max(1, iters // 4),
                                  eval_windows=100, anchor_weight=lam,
                                  attention_norm="none" if "normnone" in variants else "length")

@@ -1,8 +1,9 @@
 """Causal layers with per-head maps and free context keys (`keys="free"`, `causal.mapped_targets`).
 
 Token i's conditional energy holds its context fixed, so the context's keys ȳ_j K_h may have their own map; the
-preconditioned MM step with μ_h ≥ λ_max(A_hᵀA_h) lowers every token's energy for any A_h, K_h. The references
-here are written from the formulas with explicit pair differences, token by token."""
+preconditioned MM step with μ_h ≥ λ_max(A_hᵀA_h) lowers every token's energy for any A_h, K_h, and for any pair
+weights e^{b_h(i − j)} of a relative bias (`relative_bias=K`). The references here are written from the formulas
+with explicit pair differences, token by token."""
 import pytest
 import torch
 
@@ -17,16 +18,22 @@ DH = D // H
 EPS64 = torch.finfo(torch.float64).eps
 
 
-def _model(seed, *, keys="free", tied=False, rho="exp", norm="none", depth=2, basis=False, spread=0.5):
+def _model(seed, *, keys="free", tied=False, rho="exp", norm="none", depth=2, basis=False, spread=0.5, bias=0):
     cfg = uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=depth, ffn_hidden=16, metric="free",
                                 keys=keys, tied=tied, rho=rho, attention_norm=norm, learn_basis=basis,
-                                ffn_weight=0.7, anchor_weight=1.3)
+                                ffn_weight=0.7, anchor_weight=1.3, relative_bias=bias)
     torch.manual_seed(seed)
     model = uf.UnfoldedTransformer(cfg).double()
     with torch.no_grad():                                          # far from the symmetric start
         for p in model.parameters():
             p.add_(spread * torch.randn_like(p))
     return model
+
+
+def _pair_weight(att, h, i, j):
+    """e^{b_h(i − j)} of a relative bias (offsets past the table share its last entry); 1 without one."""
+    table = att.pair_bias()
+    return 1.0 if table is None else torch.exp(table[h, min(i - j, table.shape[1] - 1)].detach())
 
 
 def _reference_layer(layer, Y, X, valid):
@@ -49,7 +56,8 @@ def _reference_layer(layer, Y, X, valid):
                 c = Y[b, i, sl]
                 q = A[h] @ c                                                      # c A_hᵀ as a column
                 keys = [Y[b, j] @ K[h] if K is not None else A[h] @ Y[b, j, sl] for j in seen]
-                beta = torch.stack([r.derivative(0.5 * (q - k).square().sum()) for k in keys])
+                beta = torch.stack([_pair_weight(att, h, i, j) * r.derivative(0.5 * (q - k).square().sum())
+                                    for j, k in zip(seen, keys)])
                 pull = beta.sum() * q - sum(bj * k for bj, k in zip(beta, keys))      # Σ_j β_ij (q_i − k_j)
                 grad = nu * (A[h].T @ pull) + c - p[sl]
                 out[b, i, sl] = c - grad / (nu * mu[h] * beta.sum() + 1)
@@ -72,7 +80,7 @@ def _reference_energy(layer, y, context, X, valid):
                 q = A[h] @ y[b, i, sl]
                 for j in seen:
                     k = context[b, j] @ K[h] if K is not None else A[h] @ context[b, j, sl]
-                    e = e + r.value(0.5 * (q - k).square().sum())
+                    e = e + _pair_weight(att, h, i, j) * r.value(0.5 * (q - k).square().sum())
             if att.length_norm:
                 e = e / len(seen)
             hidden = torch.relu(y[b, i] @ ffn.W1.detach() + ffn.b.detach())
@@ -82,14 +90,17 @@ def _reference_energy(layer, y, context, X, valid):
     return E
 
 
-CASES = [("free", "exp", "none"), ("free", "exp", "length"), ("free", "log", "none"), ("tied", "exp", "length"),
-         ("free", "linear", "none")]
+CASES = [("free", "exp", "none", 0), ("free", "exp", "length", 0), ("free", "log", "none", 0),
+         ("tied", "exp", "length", 0), ("free", "linear", "none", 0),
+         ("free", "exp", "none", 4), ("tied", "exp", "length", 3), ("free", "log", "none", 9),
+         ("free", "linear", "length", 2)]
 
 
-@pytest.mark.parametrize("keys,rho,norm", CASES)
+@pytest.mark.parametrize("keys,rho,norm,bias", CASES)
 @pytest.mark.parametrize("tokens", ["gaussian", "identical", "far", "one"])
-def test_the_step_is_the_formula(keys, rho, norm, tokens):
-    model = _model(1, keys=keys, rho=rho, norm=norm)
+def test_the_step_is_the_formula(keys, rho, norm, bias, tokens):
+    """With a relative bias the table's entries are e^{±several}: b = 10·θ, θ ~ 0.5·N(0, 1)."""
+    model = _model(1, keys=keys, rho=rho, norm=norm, bias=bias)
     n = 1 if tokens == "one" else 7
     X = torch.randn(2, n, D, dtype=torch.float64)
     if tokens == "identical":
@@ -111,9 +122,9 @@ def test_the_step_is_the_formula(keys, rho, norm, tokens):
     assert torch.equal(out[pad], X[pad])                           # padded rows are the input's
 
 
-@pytest.mark.parametrize("keys", ["free", "tied"])
-def test_the_energies_are_the_formula(keys):
-    model = _model(2, keys=keys, norm="length")
+@pytest.mark.parametrize("keys,bias", [("free", 0), ("tied", 0), ("free", 5), ("tied", 2)])
+def test_the_energies_are_the_formula(keys, bias):
+    model = _model(2, keys=keys, norm="length", bias=bias)
     X = torch.randn(2, 6, D, dtype=torch.float64)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[0, :2] = True
@@ -130,13 +141,14 @@ def test_the_energies_are_the_formula(keys):
 
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("rho", ["exp", "log"])
-def test_every_token_descends_for_any_maps(tied, rho):
-    """Many random maps, scales and inputs, float64 and float32: no token's conditional energy rises at any
-    layer beyond the dtype's descent tolerance, and most fall."""
+@pytest.mark.parametrize("bias", [0, 5])
+def test_every_token_descends_for_any_maps(tied, rho, bias):
+    """Many random maps, scales, pair biases and inputs, float64 and float32: no token's conditional energy rises
+    at any layer beyond the dtype's descent tolerance, and most fall."""
     fell = 0
     for seed in range(12):
         model = _model(seed, tied=tied, rho=rho, depth=3, basis=seed % 2 == 1, spread=0.3 + seed / 4,
-                       norm=("none", "length")[seed % 2])
+                       norm=("none", "length")[seed % 2], bias=bias)
         torch.manual_seed(100 + seed)
         X = torch.randn(3, 9, D, dtype=torch.float64) * (1 + seed)
         X[1, 4:] = X[1, 3]                                         # identical tokens
@@ -150,8 +162,9 @@ def test_every_token_descends_for_any_maps(tied, rho):
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_the_cache_equals_the_full_forward(tied):
-    model = _model(3, tied=tied, depth=3)
+@pytest.mark.parametrize("bias", [0, 4])
+def test_the_cache_equals_the_full_forward(tied, bias):
+    model = _model(3, tied=tied, depth=3, bias=bias)
     x = torch.randn(2, 10, D, dtype=torch.float64)
     with torch.no_grad():
         full = model(x).hidden
@@ -211,3 +224,75 @@ def test_the_nn_style_layer_takes_free_keys():
         out = layer(torch.randn(2, 5, D, dtype=torch.float64), return_energies=True)
     assert bool(out.token_lowered().all()) and bool((out.token_after < out.token_before).any())
 
+
+
+# ----------------------------------------------------------------------------- relative biases (relative_bias=K)
+def test_isotropic_heads_with_a_bias_are_the_map_step_with_scaled_identities():
+    """The isotropic pass (`causal_targets`) with pair biases equals the map pass (`mapped_targets`, checked
+    against the explicit formula above) at A_h = s_h I with tied keys (a diagonal metric: μ_h = s_h² exactly,
+    where a free map's bound carries a 2^-20 margin): two code paths, one step."""
+    kw = dict(d_model=D, n_heads=H, depth=2, ffn_hidden=16, tied=False, relative_bias=4, attention_norm="length")
+    torch.manual_seed(5)
+    iso = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-causal", **kw)).double()
+    mapped = uf.UnfoldedTransformer(uf.ModelConfig.preset("certified-causal", metric="diagonal", **kw)).double()
+    with torch.no_grad():
+        for a, b in zip(iso.layers, mapped.layers):
+            a.attention.log_scale.copy_(torch.tensor([-0.3, 0.4], dtype=torch.float64))
+            a.attention.relative_bias_table.normal_(0, 0.3)        # b = 10 θ: entries of a few units
+            b.load_state_dict({k: v for k, v in a.state_dict().items() if "log_scale" not in k}, strict=False)
+            b.attention.metric_diag.copy_(a.attention.scales()[:, None].expand(H, DH))
+        x = torch.randn(3, 9, D, dtype=torch.float64)
+        pad = torch.zeros(3, 9, dtype=torch.bool)
+        pad[2, :4] = True
+        got, want = iso(x, pad).hidden, mapped(x, pad).hidden
+    # the same sums through two passes: round-off of the logits, O(10 eps) relative per operation
+    assert (got - want).abs().max() <= 1e-12 * (1 + float(want.abs().max()))
+
+
+def test_the_bias_gets_its_exact_gradient():
+    """The pass runs from explicit logits, so autograd reaches b (the fused kernel's backward would give none for
+    an additive mask): gradcheck against finite differences, ρ = exp and log."""
+    from torch.func import functional_call
+    name = "layers.0.attention.relative_bias_table"
+    for rho in ("exp", "log"):
+        model = _model(6, rho=rho, bias=3, depth=2)
+        x = torch.randn(2, 6, D, dtype=torch.float64)
+
+        def hidden(theta, model=model, x=x):
+            return functional_call(model, {name: theta}, (x,)).hidden
+
+        theta = model.get_parameter(name).detach().clone().requires_grad_(True)
+        assert torch.autograd.gradcheck(hidden, (theta,), eps=1e-6, atol=1e-7, rtol=1e-5)
+        (g,) = torch.autograd.grad(hidden(theta).square().sum(), theta)
+        assert float(g.abs().max()) > 1e-3                       # the bias is a live parameter
+
+
+def test_relative_bias_refusals_and_old_configs():
+    with pytest.raises(uf.ConfigError, match="only to a causal layer"):
+        uf.ModelConfig.preset("certified", relative_bias=8)
+    for bad in (-1, True):
+        with pytest.raises(uf.ConfigError, match="relative_bias must be"):
+            uf.ModelConfig.preset("certified-causal", relative_bias=bad)
+    old = uf.ModelConfig.preset("certified-causal").to_dict()
+    old.pop("relative_bias")                                       # a config saved before the field existed
+    assert uf.ModelConfig.from_dict(old).relative_bias == 0
+    assert uf.ModelConfig.preset("certified").relative_bias is None
+    plain = uf.UnfoldedTransformer(uf.ModelConfig.from_dict(old))
+    assert not any("relative_bias" in k for k in plain.state_dict())
+
+
+def test_a_language_model_with_a_relative_bias_round_trips(tmp_path):
+    cfg = uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2, ffn_hidden=16, metric="free",
+                                keys="free", tied=True, attention_norm="none", relative_bias=12)
+    torch.manual_seed(0)
+    lm = LanguageModel(LMConfig(vocab_size=11, context=12, decoder=cfg.to_dict()))
+    with torch.no_grad():
+        lm.decoder.layers[0].attention.relative_bias_table.normal_(0, 0.3)
+    again = LanguageModel.from_pretrained(lm.save_pretrained(tmp_path / "lm"))
+    ids = torch.randint(0, 11, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(lm(ids)[0], again(ids)[0])
+        out = lm.hidden(ids, return_energies=True)
+    assert out.token_descent_share() == 1.0
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    assert torch.equal(lm.generate(ids[:, :3], 6, generator=g1), again.generate(ids[:, :3], 6, generator=g2))

@@ -144,3 +144,22 @@ def test_the_energy_weights_reach_the_certified_decoder():
     cfg = decoder_config(LMTrainConfig(model="certified", anchor_weight=4.0, ffn_weight=3.0).check())
     assert (cfg.anchor_weight, cfg.ffn_weight, cfg.causal) == (4.0, 3.0, True)
     assert decoder_config(LMTrainConfig(model="certified").check()).ffn_weight == 1.0
+
+
+def test_the_defaults_are_the_recommended_decoder_and_old_settings_keep_theirs():
+    """`lm train --model certified` runs free keys, no length normalisation, relative biases and lr 3e-3;
+    standard runs nanoGPT's lr 1e-3; settings saved before `relative_bias` existed rebuild a decoder without one."""
+    from unfoldformer.lm.train import DEFAULT_LR, decoder_config
+    for kind in ("certified", "certified-untied"):
+        cfg = LMTrainConfig(model=kind).check()
+        assert DEFAULT_LR[kind] == 3e-3 and (cfg.lr, cfg.min_lr) == (3e-3, 3e-3 / 10)
+        model_cfg = decoder_config(cfg)
+        assert (model_cfg.keys, model_cfg.metric, model_cfg.attention_norm, model_cfg.relative_bias) == (
+            "free", "free", "none", 64)
+    std = LMTrainConfig(model="standard").check()
+    assert (std.lr, std.min_lr) == (1e-3, 1e-3 / 10)
+    assert LMTrainConfig(model="certified", lr=5e-4).check().min_lr == 5e-4 / 10   # a given lr kept, floor lr/10
+    old = dict(vars(LMTrainConfig(model="certified", keys="tied", attention_norm="length").check()))
+    old.pop("relative_bias")                                       # a train.json written before the field
+    assert decoder_config(LMTrainConfig.from_dict(old)).relative_bias == 0
+    assert LMTrainConfig.from_dict(vars(LMTrainConfig(model="certified").check())).relative_bias == 64

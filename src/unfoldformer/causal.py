@@ -39,6 +39,14 @@ step above exactly. The value a head writes is its keys mapped back through A_h,
 by one part of the context's state (a position) and copy another (a character) — what q = k = v cannot
 (docs/results/lm.md, "Why the certified decoder trails").
 
+Relative biases (`relative_bias=K`, any keys and metric): token i's energy weights its pair with j by
+π_ij = e^{b_h(i − j)} > 0 (b_h(δ) learned per head for δ < K, larger offsets sharing b_h(K − 1)),
+E_i(y) = w_i Σ_h Σ_{j≤i} π_ij ρ(½‖q_i(y) − k_j‖²) + λ⁻¹(…). Constant positive weights leave π_ij ρ concave, so
+the majoriser is the one above with β_ij = π_ij ρ'(z_ij), and every token's step still lowers its energy. A head
+can then prefer an offset (the previous token) whatever the distance of the states. The pass runs from explicit
+logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), whose gradient reaches b (the fused kernel's backward gives
+none for an additive mask).
+
 `conditional_energies` evaluates E_i in float64 from explicit differences y − ȳ_j (chunked over query rows).
 The sequence energy G(Y) = Σ_i E_i(y_i | Y) is its sum with y = ȳ = Y: a measurement, not certified.
 """
@@ -55,11 +63,11 @@ from .descent import descent_tolerance, lowered
 from .positions import rope_tables, rotate_heads
 from .rho import Rho, get_rho
 from .rotated import _Frame, _frame, _hidden
-from .softmax import PRECISION_TARGET, key_bias, logit_error_bound, softmax_with_lse
+from .softmax import PRECISION_TARGET, key_bias, logit_error_bound, masked_logit, softmax_with_lse
 from .steps import toward
 
 __all__ = ["DecoderOutput", "causal_joint_step", "causal_log_weight", "causal_targets", "causal_trace",
-           "conditional_energies", "mapped_targets", "visible_counts"]
+           "conditional_energies", "mapped_targets", "pair_bias_rows", "visible_counts"]
 
 _CHUNK_ELEMENTS = 1 << 22       # float64 entries of one (B, c, n, d) block of pair differences: 32 MiB
 
@@ -72,6 +80,14 @@ def visible_counts(valid: Tensor) -> Tensor:
 def causal_log_weight(valid: Tensor, dtype: torch.dtype) -> Tensor:
     """log w_i = −log m_i (B, n) (length normalisation over the visible tokens)."""
     return -visible_counts(valid).to(dtype).log()
+
+
+def pair_bias_rows(table: Tensor, n: int, q: int) -> Tensor:
+    """b_h(i − j) (H, q, n) for the last q query rows i of n tokens and every key j, from the table b_h(δ) (H, K)
+    (offsets ≥ K − 1 share its last entry; j > i gets b_h(0), masked by the caller)."""
+    i = torch.arange(n - q, n, device=table.device)[:, None]
+    j = torch.arange(n, device=table.device)[None, :]
+    return table[:, (i - j).clamp(0, table.shape[1] - 1)]         # (H, q, n)
 
 
 def _first_real(C: Tensor, valid: Tensor) -> Tensor:
@@ -111,9 +127,10 @@ def _softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, last_only: 
     return out.transpose(1, 2)[..., :-1], lse.transpose(1, 2) - half[..., 0]
 
 
-def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho,
-                   last_only: bool) -> tuple[Tensor, Tensor]:
-    """Other ρ: (Σ_j β_ij V_j / d_i, log d_i) from the masked n × n weights ρ'(½‖a_i − k_j‖²) of each head."""
+def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho, last_only: bool,
+                   bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Other ρ: (Σ_j β_ij V_j / d_i, log d_i) from the masked n × n weights ρ'(½‖a_i − k_j‖²) of each head, times
+    e^{b_h(i − j)} with a `bias` (H, q, n)."""
     n = a.shape[1]
     at, kt, Vt = a.transpose(1, 2), k.transpose(1, 2), V.transpose(1, 2)   # (B, H, n, ·)
     rows = at[:, :, -1:] if last_only else at                      # (B, H, q, dh)
@@ -121,45 +138,67 @@ def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho,
     z = (0.5 * (sq_q[..., None] + sq_k[:, :, None, :]) - rows @ kt.transpose(-1, -2)).clamp_min(0)
     i = torch.arange(n - rows.shape[2], n, device=a.device)[:, None]
     seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
-    beta = torch.where(seen, rho.derivative(z), 0.0)               # (B, H, q, n)
+    beta = rho.derivative(z) if bias is None else rho.derivative(z) * bias.to(z.dtype).exp()
+    beta = torch.where(seen, beta, 0.0)                            # (B, H, q, n)
     deg = beta.sum(-1, keepdim=True)                               # (B, H, q, 1)
     avg = (beta @ Vt) / deg.clamp_min(torch.finfo(a.dtype).tiny)  # (B, H, q, w)
     return avg.transpose(1, 2), deg[..., 0].clamp_min(torch.finfo(a.dtype).tiny).log().transpose(1, 2)
 
 
-def _average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, r: Rho, last_only: bool) -> tuple[Tensor, Tensor]:
+def _biased_softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, bias: Tensor,
+                            last_only: bool) -> tuple[Tensor, Tensor]:
+    """ρ = exp with pair biases (H, q, n): (o_i, log d_i), β_ij = e^{b_h(i − j) − ½‖a_i − k_j‖²}, from explicit
+    logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), masked, then softmax and log-sum-exp."""
+    n = a.shape[1]
+    rows = (a[:, -1:] if last_only else a).transpose(1, 2)         # (B, H, q, dh)
+    kt, Vt = k.transpose(1, 2), V.transpose(1, 2)                  # (B, H, n, ·)
+    q = rows.shape[2]
+    logits = rows @ kt.transpose(-1, -2) - 0.5 * kt.square().sum(-1)[:, :, None, :] + bias.to(a.dtype)
+    i = torch.arange(n - q, n, device=a.device)[:, None]
+    seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
+    logits = logits.masked_fill(~seen, masked_logit(a.dtype))      # (B, H, q, n)
+    lse = torch.logsumexp(logits, dim=-1)                          # (B, H, q)
+    avg = torch.softmax(logits, dim=-1) @ Vt                       # (B, H, q, w)
+    return avg.transpose(1, 2), (lse - 0.5 * rows.square().sum(-1)).transpose(1, 2)
+
+
+def _average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, r: Rho, last_only: bool,
+             bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     if r.softmax:
+        if bias is not None:
+            return _biased_softmax_average(a, k, V, valid, bias, last_only)
         return _softmax_average(a, k, V, valid, last_only)
-    return _dense_average(a, k, V, valid, r, last_only)
+    return _dense_average(a, k, V, valid, r, last_only, bias)
 
 
 def causal_targets(C: Tensor, P: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor, rho: str | Rho, *,
-                   last_only: bool = False) -> Tensor:
+                   last_only: bool = False, bias: Tensor | None = None) -> Tensor:
     """t_i = (ν' Σ_{j≤i} β_ij c_j + p_i)/(ν' d_i + 1) per token and head (module doc), the step's full-α target.
 
     C (B, n, H, dh) head coordinates of the layer's input (rotated with rotary positions), P (B, q, H, dh) the
     anchors p, `scales` (H,) s_h, `log_nu` log ν' broadcastable to (B, q, H), `valid` (B, n) True = real.
-    `last_only`: only the last token's target (q = 1; it sees every key), for generation with a cache.
+    `last_only`: only the last token's target (q = 1; it sees every key), for generation with a cache. `bias`
+    (H, q, n): pair biases b_h(i − j) (`pair_bias_rows`), or None.
     """
     r = get_rho(rho)
     a = _features(C, scales, valid)                                # (B, n, H, dh)
     Cw = C
     if _needs_float64(a, valid):                                   # far groups, large norms: the pass in float64
         a, Cw = _features(C.double(), scales.double(), valid), C.double()
-    avg, log_deg = _average(a, a, Cw, valid, r, last_only)         # (B, q, H, dh), (B, q, H)
+    avg, log_deg = _average(a, a, Cw, valid, r, last_only, bias)   # (B, q, H, dh), (B, q, H)
     gate = torch.sigmoid(log_nu.to(log_deg.dtype) + log_deg)[..., None]   # (B, q, H, 1) ν'd/(ν'd + 1)
     return torch.lerp(P.to(avg.dtype), avg, gate).to(C.dtype)
 
 
 def mapped_targets(C: Tensor, keys: Tensor | None, P: Tensor, A: Tensor, mu: Tensor, log_nu: Tensor, valid: Tensor,
-                   rho: str | Rho, *, last_only: bool = False) -> Tensor:
+                   rho: str | Rho, *, last_only: bool = False, bias: Tensor | None = None) -> Tensor:
     """The full-α target with per-head maps A_h (queries q_i = c_i A_hᵀ) and context keys k_j (module doc,
     "Maps and free keys"): t_i = (1 − g_i) p_i + g_i (c_i − (q_i − o_i) A_h / μ_h), o_i = Σ_{j≤i} β_ij k_j / d_i,
     β_ij = ρ'(½‖q_i − k_j‖²), g_i = σ(log ν' + log μ_h + log d_i).
 
     C (B, n, H, dh) the layer input's head coordinates, keys (B, n, H, dh) the context's keys ȳ_j K_h (free keys)
     or None (tied keys: the queries c_j A_hᵀ), P (B, q, H, dh), A (H, dh, dh), mu (H,), log_nu log(λ w_i/(1 + γ))
-    broadcastable to (B, q, H)."""
+    broadcastable to (B, q, H), `bias` (H, q, n) pair biases or None."""
     r = get_rho(rho)
     n, q_rows = C.shape[1], P.shape[1]
     Cq = C[:, n - q_rows:]                                         # (B, q, H, dh) the query rows
@@ -171,7 +210,7 @@ def mapped_targets(C: Tensor, keys: Tensor | None, P: Tensor, A: Tensor, mu: Ten
     if _needs_float64(a, valid, None if tied else k):
         a = a.double()
         k = a if tied else k.double()
-    avg, log_deg = _average(a, k, k, valid, r, last_only)          # (B, q, H, dh) o_i − shift, (B, q, H)
+    avg, log_deg = _average(a, k, k, valid, r, last_only, bias)    # (B, q, H, dh) o_i − shift, (B, q, H)
     gap = (a[:, n - q_rows:] - avg).to(C.dtype)                    # (B, q, H, dh) q_i − o_i (shift-free)
     mapped = Cq - torch.einsum("bqhl,hlk->bqhk", gap, A) / mu[:, None]   # c_i − (q_i − o_i) A_h / μ_h
     log_gate = log_nu.to(log_deg.dtype) + mu.log().to(log_deg.dtype) + log_deg
@@ -181,25 +220,28 @@ def mapped_targets(C: Tensor, keys: Tensor | None, P: Tensor, A: Tensor, mu: Ten
 
 def conditional_energies(Y: Tensor, context: Tensor, X: Tensor, queries, keys, W: Tensor | None,
                          b: Tensor | None, lam: float, gamma: float | Tensor, rho: str | Rho, valid: Tensor,
-                         length_norm: bool) -> Tensor:
+                         length_norm: bool, bias: Tensor | None = None) -> Tensor:
     """E_i(y_i | context) for every token, (B, n) float64 (0 at padded rows); module doc.
 
     Y, context, X (B, n, d) in one basis (a layer's); `queries` maps the states Y (B, n, d) to their query
     features (B, n, H, dh) (s_h c, rotated with rotary positions, or c A_hᵀ), `keys` the context to its keys (the
-    same map for tied keys, ȳ K_h for free ones); W (d, m), b (m,) the tied FFN in that basis (None: no FFN).
-    Every operand is converted to float64; attention terms from explicit differences q_i − k_j."""
+    same map for tied keys, ȳ K_h for free ones); W (d, m), b (m,) the tied FFN in that basis (None: no FFN);
+    `bias` (H, n, n) pair biases b_h(i − j) (the pair weights e^b), or None. Every operand is converted to float64;
+    attention terms from explicit differences q_i − k_j."""
     r = get_rho(rho)
     Yd, Cd, Xd = Y.double(), context.double(), X.double()
     a_new, a_ctx = queries(Yd), keys(Cd)                           # (B, n, H, dh)
     B, n, H, dh = a_new.shape
     seen = valid[:, None, :] & torch.ones(n, n, dtype=torch.bool, device=Y.device).tril()   # (B, n, n) j ≤ i, real
     step = max(1, _CHUNK_ELEMENTS // max(1, B * n * H * dh))
+    weights = None if bias is None else bias.double().exp().permute(1, 2, 0)   # (n, n, H) e^{b_h(i − j)}
     attention = []
     for s0 in range(0, n, step):
         e0 = min(n, s0 + step)
         diff = a_new[:, s0:e0, None] - a_ctx[:, None, :]           # (B, c, n, H, dh) y_i − ȳ_j per head
         z = 0.5 * diff.square().sum(-1)                            # (B, c, n, H)
-        vals = torch.where(seen[:, s0:e0, :, None], r.value(z), 0.0)
+        vals = r.value(z) if weights is None else weights[s0:e0] * r.value(z)
+        vals = torch.where(seen[:, s0:e0, :, None], vals, 0.0)
         attention.append(vals.sum((-1, -2)))                       # (B, c)
     e_attention = torch.cat(attention, dim=1)                      # (B, n)
     if length_norm:
@@ -232,11 +274,13 @@ def causal_joint_step(f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, alpha: fl
     log_nu = f.log_nu - (torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma))   # (H,)
     if layer.attention.length_norm:                                # ν_{h,i} = λ s_h²/m_i
         log_nu = log_nu + causal_log_weight(valid, Y.dtype)[:, n - q:, None]                # (B, q, H)
+    bias = None if f.bias is None else pair_bias_rows(f.bias, n, q)   # (H, q, n) b_h(i − j)
     if f.A is not None:                                            # maps A_h, tied or free keys (no rotary)
         keys = None if f.K is None else torch.einsum("bnd,hdk->bnhk", Y, f.K)   # (B, n, H, dh) ȳ_j K_h
-        target = mapped_targets(C, keys, P, f.A, f.mu, log_nu, valid, layer.attention.rho, last_only=last_only)
+        target = mapped_targets(C, keys, P, f.A, f.mu, log_nu, valid, layer.attention.rho, last_only=last_only,
+                                bias=bias)
     else:
-        target = causal_targets(C, P, f.scales, log_nu, valid, layer.attention.rho, last_only=last_only)
+        target = causal_targets(C, P, f.scales, log_nu, valid, layer.attention.rho, last_only=last_only, bias=bias)
     new = toward(C[:, n - q:], target, alpha)                      # (B, q, H, dh)
     if rows is not None:
         new = rotate_heads(new, rows, inverse=True)
@@ -291,8 +335,10 @@ def _layer_energies(f64: _Frame, Z: Tensor, context: Tensor, Xr: Tensor, valid: 
     def keys(W: Tensor) -> Tensor:
         return queries(W) if f64.K is None else torch.einsum("bnd,hdk->bnhk", W, f64.K)   # ȳ K_h
 
+    n = Z.shape[1]
+    bias = None if f64.bias is None else pair_bias_rows(f64.bias, n, n)   # (H, n, n)
     return conditional_energies(Z, context, Xr, queries, keys, f64.W, f64.b, att.lam, f64.layer.gamma, att.rho,
-                                valid, att.length_norm)
+                                valid, att.length_norm, bias)
 
 
 def causal_trace(stack, depth: int) -> DecoderOutput:

@@ -39,6 +39,9 @@ per-head scale s_h by a map A_h (query = key = c A_hᵀ, value map A_hᵀA_h/μ_
 Causal keys (`causal.py`), the causal joint layer with `metric="free"`: `keys="tied"` (query = key, THEORY §3.11)
 or `"free"`: the context's keys ȳ_j K_h have their own map K_h (d × d/H per head). Token i's conditional energy
 holds its context fixed, so any key map keeps every token's step certified (docs/theory.md, "Causal keys").
+`relative_bias=K` (causal joint layer): K learned biases b_h(δ) per head for the offsets δ = i − j = 0 … K − 1
+(larger offsets share b_h(K − 1)); each pair of token i's conditional energy is weighted by e^{b_h(i − j)} > 0,
+which keeps every token's step certified (docs/theory.md, "Causal keys"); 0: none.
 """
 from __future__ import annotations
 
@@ -95,7 +98,7 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
                 ffn_weight=1.0, attention_norm="none", ffn_bound="none",
                 positions="none", max_positions=512, metric="isotropic", learn_steps=False, causal=False,
-                keys="tied")
+                keys="tied", relative_bias=0)
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -206,6 +209,7 @@ class ModelConfig:
     learn_steps: bool | None = None       # joint layer only: learned α ∈ (0, alpha_attention], γ > 0 per layer
     causal: bool | None = None            # joint layer only: token i sees j ≤ i, one MM step per token (§3.11)
     keys: str | None = None               # causal only: tied (q = k = v, §3.11) | free (context keys ȳ_j K_h)
+    relative_bias: int | None = None      # causal only: K learned pair biases b_h(i − j) per head (0: none)
 
     def __post_init__(self) -> None:
         self.preset_name = current_preset(self.preset_name)     # an old name given now: warn, map
@@ -254,6 +258,10 @@ class ModelConfig:
                 raise ConfigError("keys applies only to a causal layer (causal=True): an encoder's keys are its "
                                   "queries, or its energy is no longer one energy of all tokens")
             values["keys"] = None
+            if self.relative_bias:
+                raise ConfigError("relative_bias applies only to a causal layer (causal=True): an encoder's pair "
+                                  "weights must be symmetric for its one energy of all tokens")
+            values["relative_bias"] = None
         cfg = ModelConfig(**values)
         cfg._check_ranges()
         return cfg
@@ -320,6 +328,9 @@ class ModelConfig:
             raise ConfigError(f"ffn_bound must be one of {', '.join(FFN_BOUNDS)}, got {self.ffn_bound!r}")
         if self.positions not in POSITIONS:
             raise ConfigError(f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if self.relative_bias is not None and (isinstance(self.relative_bias, bool) or self.relative_bias < 0):
+            raise ConfigError(f"relative_bias must be an integer >= 0 (offsets with a learned bias), got "
+                              f"{self.relative_bias!r}")
         if self.max_positions is not None and self.max_positions < 1:
             raise ConfigError(f"max_positions must be >= 1, got {self.max_positions}")
         if self.positions == "rotary":
@@ -398,7 +409,8 @@ def _used_fields(attention: str, ffn: str, layer: str, positions: str = "none") 
     if attention == "anchored" and ffn == "tied":
         used.add("layer")
         if layer == "joint":          # one step of size alpha_attention; γ weights the FFN term
-            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps", "causal", "keys"}
+            used = (used - {"alpha_ffn"}) | {"ffn_weight", "learn_steps", "causal", "keys",
+                                                    "relative_bias"}
     return used
 
 

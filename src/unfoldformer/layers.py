@@ -58,6 +58,11 @@ def _valid(Y: Tensor, padding_mask: Tensor | None) -> Tensor:
     return torch.ones(Y.shape[:2], dtype=torch.bool, device=Y.device) if padding_mask is None else ~padding_mask
 
 
+#: b = RELATIVE_BIAS_SCALE · θ: Adam moves each θ by about the learning rate per step, so the scale lets a bias
+#: reach a few units (a head that prefers one offset by e^b) within a few hundred steps at lr 1e-3.
+RELATIVE_BIAS_SCALE = 10.0
+
+
 class AnchoredAttention(nn.Module):
     """Certified anchored multi-head attention: y ← MM step on ½‖Y − X‖² + λ E_A (THEORY §3.3).
 
@@ -65,13 +70,15 @@ class AnchoredAttention(nn.Module):
     `metric` (THEORY §3.8, `metrics.py`): isotropic heads s_h I (parameter `log_scale`), a diagonal map
     diag(a_h) (`metric_diag` (H, dh)) or a free map A_h (`metric_map` (H, dh, dh)), each starting at
     s_h = dh^{-1/4}. `keys="free"` (causal layers only, `causal.py`): a key map K_h (`key_map` (H, d, dh), in the
-    layer's basis) for the context, starting at the tied keys (c A_hᵀ). `rotary` (THEORY §3.9, `positions.py`):
+    layer's basis) for the context, starting at the tied keys (c A_hᵀ). `relative_bias=K` (causal layers only):
+    pair biases b_h(δ) = `RELATIVE_BIAS_SCALE`·θ_h(δ) for offsets δ = 0 … K − 1 (`relative_bias_table` (H, K), 0 at
+    first: the layer starts as the one without). `rotary` (THEORY §3.9, `positions.py`):
     RoPE on queries, keys and values (the model runs it in `rotated.py`; this module's energy rotates too, its
     step refuses)."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
                  basis_map: str = "exp", length_norm: bool = False, metric: str = "isotropic",
-                 rotary: bool = False, *, certified: bool = True, keys: str = "tied"):
+                 rotary: bool = False, *, certified: bool = True, keys: str = "tied", relative_bias: int = 0):
         super().__init__()
         check_positive("anchor_weight", lam)
         check_step("alpha_attention", alpha, "anchored", certified=certified)
@@ -88,7 +95,14 @@ class AnchoredAttention(nn.Module):
         if keys == "free":                    # causal only: the context's key map K_h (H, d, dh), from the tied one
             blocks = torch.eye(d).reshape(d, n_heads, dh).permute(1, 0, 2)    # (H, d, dh) head h's coordinates
             self.key_map = nn.Parameter(s0 * blocks)
+        if relative_bias:                     # causal only: θ_h(δ), δ = i − j; b = RELATIVE_BIAS_SCALE · θ
+            self.relative_bias_table = nn.Parameter(torch.zeros(n_heads, relative_bias))
         self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
+
+    def pair_bias(self) -> Tensor | None:
+        """b_h(δ) (H, K) of a causal layer's relative bias; None without one."""
+        table = getattr(self, "relative_bias_table", None)
+        return None if table is None else RELATIVE_BIAS_SCALE * table
 
     def maps(self) -> Tensor | None:
         """A_h (H, dh, dh) of a diagonal or free metric; None for isotropic heads."""

@@ -64,6 +64,7 @@ class _Frame(NamedTuple):
     A: Tensor | None = None   # (H, dh, dh) maps A_h of a diagonal or free metric (§3.8); None: isotropic
     mu: Tensor | None = None  # (H,) μ_h ≥ λ_max(A_hᵀA_h)
     K: Tensor | None = None   # (H, d, dh) the causal context's key map (keys="free"); None: keys = queries
+    bias: Tensor | None = None  # (H, K) causal pair biases b_h(δ), δ = i − j (relative_bias=K); None: none
 
 
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
@@ -95,8 +96,10 @@ def _build_frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     A = att.maps()
     mu = None if A is None else att.mu().to(dtype)
     K = getattr(att, "key_map", None)
+    bias = att.pair_bias() if hasattr(att, "pair_bias") else None
     return _Frame(Q, att.scales().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias,
-                  None if A is None else A.to(dtype), mu, None if K is None else K.to(dtype))
+                  None if A is None else A.to(dtype), mu, None if K is None else K.to(dtype),
+                  None if bias is None else bias.to(dtype))
 
 
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:

@@ -28,11 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     defaults = LMTrainConfig()
     for f in fields(LMTrainConfig):
-        kind = {"model": str, "data": str}.get(f.name, type(getattr(defaults, f.name)) if f.name != "eval_windows"
-                                                 else int)
+        kind = {"model": str, "data": str, "eval_windows": int, "lr": float, "min_lr": float}.get(
+            f.name, type(getattr(defaults, f.name)))
         extra = {"choices": MODELS} if f.name == "model" else {}
+        said = {"lr": "3e-3 for the certified models, 1e-3 for standard", "min_lr": "lr / 10"}.get(
+            f.name, getattr(defaults, f.name))
         t.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None, metavar=f.name.upper(),
-                       help=f"(default {getattr(defaults, f.name)})", **extra)
+                       help=f"(default {said})", **extra)
     add_device_argument(t)
     e = sub.add_parser("evaluate", help="validation loss (whole split) and the token descent share")
     e.add_argument("run", help="a run folder of `lm train`")
