@@ -342,7 +342,7 @@ def _ablation() -> list[str]:
               "queries and keys; a certified head with tied keys cannot (a kernel of the distance, largest at the "
               "token itself), and with free keys alone it did not learn to. A learned bias per offset in each "
               "token's energy (`-relbias64`) gives it that selection directly, and with it the untied certified "
-              "decoder reaches the standard one (1.825 against 1.816, 3 seeds) while every constraint of this "
+              "decoder reaches the standard one (1.821 against 1.816, 3 seeds) while every constraint of this "
               "table except `qk` stays on."]
     return lines
 

@@ -148,7 +148,8 @@ def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho, las
 def _biased_softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, bias: Tensor,
                             last_only: bool) -> tuple[Tensor, Tensor]:
     """ρ = exp with pair biases (H, q, n): (o_i, log d_i), β_ij = e^{b_h(i − j) − ½‖a_i − k_j‖²}, from explicit
-    logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), masked, then softmax and log-sum-exp."""
+    logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), masked; the weights and their log-sum-exp from one
+    exponential."""
     n = a.shape[1]
     rows = (a[:, -1:] if last_only else a).transpose(1, 2)         # (B, H, q, dh)
     kt, Vt = k.transpose(1, 2), V.transpose(1, 2)                  # (B, H, n, ·)
@@ -157,8 +158,14 @@ def _biased_softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, bias
     i = torch.arange(n - q, n, device=a.device)[:, None]
     seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
     logits = logits.masked_fill(~seen, masked_logit(a.dtype))      # (B, H, q, n)
-    lse = torch.logsumexp(logits, dim=-1)                          # (B, H, q)
-    avg = torch.softmax(logits, dim=-1) @ Vt                       # (B, H, q, w)
+    # One exponential for the weights and the log-sum-exp: shifted by the row maximum (a constant of the gradient),
+    # raised to ½ log(tiny) first (the CPU's vectorised exp leaves its fast path for underflowing results, as for
+    # `softmax._small_pass`), the masked entries set to 0 after it.
+    top = logits.detach().amax(-1, keepdim=True)                   # (B, H, q, 1)
+    weights = torch.where(seen, (logits - top).clamp(min=0.5 * math.log(torch.finfo(a.dtype).tiny)).exp(), 0.0)
+    total = weights.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)   # (B, H, q, 1)
+    avg = (weights @ Vt) / total                                   # (B, H, q, w)
+    lse = (top + total.log())[..., 0]                              # (B, H, q)
     return avg.transpose(1, 2), (lse - 0.5 * rows.square().sum(-1)).transpose(1, 2)
 
 
