@@ -25,6 +25,7 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
 - `sphere`: every head block of the state on the sphere of radius √dh (the input projected, each step's result
   projected back). With the isotropic majoriser of each token's head block, the projected step minimises it over the
   sphere, so every token's energy still falls (tied layers: the blocks are those of the one shared basis);
+- `bias64`: the library's `relative_bias=64`; `stepbias` (with it, tied): a bias table per step besides it;
 - `relbias[K]`: a learned bias b_h(i − j) = K θ per head and offset on each pair's logit (K = 1 by default), i.e.
   pair weights e^{b} > 0 in each token's conditional energy (its context is held fixed, so any positive pair weights
   keep the step certified).
@@ -110,17 +111,17 @@ def attention_statistics(folder: Path, windows: int = 32, strict: bool = False) 
     x, _ = validation_windows(val, cfg.context)
     rows, tied, mapped = [], causal.causal_targets, causal.mapped_targets
 
-    def recorded(C, P, scales, log_nu, valid, rho, *, last_only=False):
+    def recorded(C, P, scales, log_nu, valid, rho, *, last_only=False, bias=None):
         a = (C - C[:, :1]) * scales[:, None]                           # (B, n, H, dh) no padding here
         rows.append(_row(a, a, log_nu, strict, [round(float(s), 4) for s in scales]))
-        return tied(C, P, scales, log_nu, valid, rho, last_only=last_only)
+        return tied(C, P, scales, log_nu, valid, rho, last_only=last_only, bias=bias)
 
-    def recorded_mapped(C, keys, P, A, mu, log_nu, valid, rho, *, last_only=False):
+    def recorded_mapped(C, keys, P, A, mu, log_nu, valid, rho, *, last_only=False, bias=None):
         queries = torch.einsum("bnhk,hlk->bnhl", C, A)                 # c A_hᵀ
         norms = torch.linalg.matrix_norm(A.double(), ord=2)
         rows.append(_row(queries, queries if keys is None else keys, log_nu + mu.log(), strict,
                          [round(float(v), 4) for v in norms]))
-        return mapped(C, keys, P, A, mu, log_nu, valid, rho, last_only=last_only)
+        return mapped(C, keys, P, A, mu, log_nu, valid, rho, last_only=last_only, bias=bias)
 
     causal.causal_targets, causal.mapped_targets = recorded, recorded_mapped
     try:
@@ -196,9 +197,35 @@ def _relative_bias_variant(scale: float) -> None:
     causal.causal_joint_step, causal._average = biased_step, biased_average
 
 
+def _step_bias_variant() -> None:
+    """Screen only, tied decoders with `bias64`: besides the layer's one table, a bias table per step ℓ (depth, H, K),
+    b_ℓ = 10 (θ + θ_ℓ), so that the one layer's heads may prefer other offsets at each application. Each step's
+    pair weights are still positive constants of each token's energy. The step is told ℓ by counting calls (every
+    forward here applies the layers in order)."""
+    init, step = lm_model.LanguageModel.__init__, causal.causal_joint_step
+    calls = {"n": 0}
+
+    def with_tables(self, config):
+        init(self, config)
+        depth = config.decoder["depth"]
+        for module in self.modules():
+            if isinstance(module, causal_layers.AnchoredAttention) and hasattr(module, "relative_bias_table"):
+                module.step_bias = torch.nn.Parameter(torch.zeros(depth, *module.relative_bias_table.shape))
+
+    def stepped(f, Y, Xr, valid, alpha, rotary, *, last_only=False):
+        att = f.layer.attention
+        ell = calls["n"] % att.step_bias.shape[0]
+        calls["n"] += 1
+        f = f._replace(bias=f.bias + causal_layers.RELATIVE_BIAS_SCALE * att.step_bias[ell].to(f.bias.dtype))
+        return step(f, Y, Xr, valid, alpha, rotary, last_only=last_only)
+
+    lm_model.LanguageModel.__init__ = with_tables
+    causal.causal_joint_step = stepped
+
+
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
-    known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere"}
+    known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere", "bias64", "stepbias"}
     lam, lr, bias_scale = 1.0, 1e-3, None
     for v in variants:
         if v.startswith("relbias"):
@@ -235,11 +262,13 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
         causal.causal_joint_step = sphere_step
     if bias_scale is not None:
         _relative_bias_variant(bias_scale)
+    if "stepbias" in variants:
+        _step_bias_variant()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
     cfg = lm_train.LMTrainConfig(model="certified-untied" if "untied" in variants else "certified", iters=iters,
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
-                                 relative_bias=0,
+                                 relative_bias=64 if "bias64" in variants else 0,
                                  seed=seed, eval_interval=max(1, iters // 4),
                                  eval_windows=100, anchor_weight=lam,
                                  attention_norm="none" if "normnone" in variants else "length")

@@ -201,19 +201,25 @@ def test_refusals_and_old_configs():
     assert uf.ModelConfig.preset("certified").keys is None          # encoders carry no keys field value
 
 
-def test_a_language_model_with_free_keys_round_trips(tmp_path):
+@pytest.mark.parametrize("tied,bias", [(False, 0), (True, 12)])
+def test_a_language_model_with_free_keys_round_trips(tmp_path, tied, bias):
+    """Save / load, token descent and generation, with free keys (and a relative bias of random entries)."""
     cfg = uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2, ffn_hidden=16, metric="free",
-                                keys="free", tied=False, attention_norm="none")
+                                keys="free", tied=tied, attention_norm="none", relative_bias=bias)
     torch.manual_seed(0)
     lm = LanguageModel(LMConfig(vocab_size=11, context=12, decoder=cfg.to_dict()))
+    if bias:
+        with torch.no_grad():
+            lm.decoder.layers[0].attention.relative_bias_table.normal_(0, 0.3)
     again = LanguageModel.from_pretrained(lm.save_pretrained(tmp_path / "lm"))
     ids = torch.randint(0, 11, (2, 12))
     with torch.no_grad():
         assert torch.equal(lm(ids)[0], again(ids)[0])
         out = lm.hidden(ids, return_energies=True)
     assert out.token_descent_share() == 1.0
-    g = torch.Generator().manual_seed(0)
-    assert lm.generate(ids[:, :3], 5, generator=g).shape == (2, 8)
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    sample = lm.generate(ids[:, :3], 5, generator=g1)
+    assert sample.shape == (2, 8) and torch.equal(sample, again.generate(ids[:, :3], 5, generator=g2))
 
 
 def test_the_nn_style_layer_takes_free_keys():
@@ -279,20 +285,3 @@ def test_relative_bias_refusals_and_old_configs():
     assert uf.ModelConfig.preset("certified").relative_bias is None
     plain = uf.UnfoldedTransformer(uf.ModelConfig.from_dict(old))
     assert not any("relative_bias" in k for k in plain.state_dict())
-
-
-def test_a_language_model_with_a_relative_bias_round_trips(tmp_path):
-    cfg = uf.ModelConfig.preset("certified-causal", d_model=D, n_heads=H, depth=2, ffn_hidden=16, metric="free",
-                                keys="free", tied=True, attention_norm="none", relative_bias=12)
-    torch.manual_seed(0)
-    lm = LanguageModel(LMConfig(vocab_size=11, context=12, decoder=cfg.to_dict()))
-    with torch.no_grad():
-        lm.decoder.layers[0].attention.relative_bias_table.normal_(0, 0.3)
-    again = LanguageModel.from_pretrained(lm.save_pretrained(tmp_path / "lm"))
-    ids = torch.randint(0, 11, (2, 12))
-    with torch.no_grad():
-        assert torch.equal(lm(ids)[0], again(ids)[0])
-        out = lm.hidden(ids, return_energies=True)
-    assert out.token_descent_share() == 1.0
-    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
-    assert torch.equal(lm.generate(ids[:, :3], 6, generator=g1), again.generate(ids[:, :3], 6, generator=g2))

@@ -37,7 +37,7 @@ A_h, K_h (a gradient step of length ≤ 1/L on a quadratic whose Hessian is ⪯ 
 same fused causal pass with queries q and keys k (`mapped_targets`). Isotropic A_h = s_h I with tied keys is the
 step above exactly. The value a head writes is its keys mapped back through A_h, so free keys let a head select
 by one part of the context's state (a position) and copy another (a character) — what q = k = v cannot
-(docs/results/lm.md, "Why the certified decoder trails").
+(docs/results/lm.md, "Why the certified decoder trailed without relative biases").
 
 Relative biases (`relative_bias=K`, any keys and metric): token i's energy weights its pair with j by
 π_ij = e^{b_h(i − j)} > 0 (b_h(δ) learned per head for δ < K, larger offsets sharing b_h(K − 1)),
