@@ -222,11 +222,15 @@ def test_a_language_model_with_free_keys_round_trips(tmp_path, tied, bias):
     assert sample.shape == (2, 8) and torch.equal(sample, again.generate(ids[:, :3], 5, generator=g2))
 
 
-def test_the_nn_style_layer_takes_free_keys():
+@pytest.mark.parametrize("bias", [0, 6])
+def test_the_nn_style_layer_takes_free_keys(bias):
     torch.manual_seed(0)
-    layer = uf.CertifiedDecoderLayer(D, H, 16, metric="free", keys="free", attention_norm="none").double()
+    layer = uf.CertifiedDecoderLayer(D, H, 16, metric="free", keys="free", attention_norm="none",
+                                     relative_bias=bias).double()
     with torch.no_grad():
         layer.decoder.layers[0].attention.key_map.add_(torch.randn(H, D, DH, dtype=torch.float64))
+        if bias:
+            layer.layer.attention.relative_bias_table.normal_(0, 0.3)
         out = layer(torch.randn(2, 5, D, dtype=torch.float64), return_energies=True)
     assert bool(out.token_lowered().all()) and bool((out.token_after < out.token_before).any())
 

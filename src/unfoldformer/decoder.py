@@ -51,7 +51,10 @@ def _refuse_masks(mask, is_causal) -> None:
 class CertifiedDecoderLayer(PretrainedMixin, nn.Module):
     """One causal certified layer (module doc). `forward(tgt, tgt_mask=None, tgt_key_padding_mask=None,
     is_causal=True, *, anchor=None, return_energies=False)`: tgt (B, n, d_model); the anchor X of the energies
-    defaults to `tgt`. Returns (B, n, d_model), or a `DecoderOutput` with `return_energies`."""
+    defaults to `tgt`. Returns (B, n, d_model), or a `DecoderOutput` with `return_energies`. `**config`: other
+    fields of the `certified-causal` preset's `ModelConfig`; the language model's recommended layer is
+    `metric="free", keys="free", attention_norm="none", relative_bias=64` (free context keys and a learned bias
+    per offset, docs/theory.md §4d)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, *, rho: str = "exp",
                  alpha: float = 1.0, lam: float = 1.0, batch_first: bool = True, **config):
