@@ -26,9 +26,10 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
   projected back). With the isotropic majoriser of each token's head block, the projected step minimises it over the
   sphere, so every token's energy still falls (tied layers: the blocks are those of the one shared basis);
 - `bias64`: the library's `relative_bias=64`; `stepbias` (with it, tied): a bias table per step besides it;
-- `relbias[K]`: a learned bias b_h(i − j) = K θ per head and offset on each pair's logit (K = 1 by default), i.e.
-  pair weights e^{b} > 0 in each token's conditional energy (its context is held fixed, so any positive pair weights
-  keep the step certified).
+- `relbias[K]`: the library's `relative_bias=64` with b = K θ instead of 10 θ (K = 1 by default): pair weights
+  e^{b} > 0 in each token's conditional energy. The committed `relbias`, `relbias10` and
+  `keysfree-normnone-relbias-lr3e-3` screens ran before the library had the option, through a pass of explicit
+  differences of the same energy (commit 174d619); `relbias10` is `bias64`.
 Run with OMP_NUM_THREADS=1.
 """
 from __future__ import annotations
@@ -160,43 +161,6 @@ def _strict_average(a, k, V, valid, last_only):
     return torch.cat([torch.zeros_like(V[:, :1]), out], 1), torch.cat([none, log_deg], 1)
 
 
-def _relative_bias_variant(scale: float) -> None:
-    """Screen only: a learned bias b_h(i − j) = scale · θ_h(i − j) per head and offset, 0 at first, on every pair of
-    each token's conditional energy (pair weights e^{b} > 0: a per-token energy with any positive pair weights keeps
-    the MM step's guarantee), in an explicit causal pass. `scale` multiplies Adam's step on b."""
-    init, step = lm_model.LanguageModel.__init__, causal.causal_joint_step
-    current = {}
-
-    def with_bias(self, config):
-        init(self, config)
-        for module in self.modules():
-            if isinstance(module, causal_layers.AnchoredAttention):
-                module.rel_bias = torch.nn.Parameter(torch.zeros(module.H, config.context))
-
-    def biased_step(f, Y, Xr, valid, alpha, rotary, *, last_only=False):
-        current["bias"] = scale * f.layer.attention.rel_bias
-        return step(f, Y, Xr, valid, alpha, rotary, last_only=last_only)
-
-    def biased_average(a, k, V, valid, r, last_only):
-        n = a.shape[1]
-        rows = a[:, -1:] if last_only else a                            # (B, q, H, dh)
-        q = rows.shape[1]
-        i = torch.arange(n - q, n)[:, None]
-        j = torch.arange(n)[None, :]
-        offset = (i - j).clamp_min(0)                                   # (q, n)
-        bias = current["bias"][:, offset]                               # (H, q, n) b_h(i − j)
-        z = 0.5 * (rows[:, :, None] - k[:, None]).square().sum(-1)     # (B, q, n, H) ½‖a_i − k_j‖²
-        logits = bias.permute(1, 2, 0)[None].to(z.dtype) - z
-        seen = (j <= i)[None, :, :, None] & valid[:, None, :, None]     # (B, q, n, 1)
-        logits = logits.masked_fill(~seen, -1e30)
-        log_deg = torch.logsumexp(logits, dim=2)                        # (B, q, H)
-        weights = torch.softmax(logits, dim=2)                          # (B, q, n, H)
-        return torch.einsum("bqnh,bnhw->bqhw", weights, V), log_deg
-
-    lm_model.LanguageModel.__init__ = with_bias
-    causal.causal_joint_step, causal._average = biased_step, biased_average
-
-
 def _step_bias_variant() -> None:
     """Screen only, tied decoders with `bias64`: besides the layer's one table, a bias table per step ℓ (depth, H, K),
     b_ℓ = 10 (θ + θ_ℓ), so that the one layer's heads may prefer other offsets at each application. Each step's
@@ -235,7 +199,7 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
         elif v.startswith("lr"):
             lr = float(v[2:])
         elif v not in known:
-            raise SystemExit(f"unknown variant {v!r}: choose from {sorted(known)} or lam<λ>")
+            raise SystemExit(f"unknown variant {v!r}: choose from {sorted(known)}, lam<λ>, lr<x> or relbias<K>")
     if "strict" in variants:
         causal._softmax_average = _strict_average
     if "rotary" in variants:
@@ -260,15 +224,15 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
             H = f.layer.attention.H
             return on_sphere(step(f, on_sphere(Y, H), Xr, valid, alpha, rotary, last_only=last_only), H)
         causal.causal_joint_step = sphere_step
-    if bias_scale is not None:
-        _relative_bias_variant(bias_scale)
+    if bias_scale is not None:                                      # the library's biases, b = Kθ
+        causal_layers.RELATIVE_BIAS_SCALE = bias_scale
     if "stepbias" in variants:
         _step_bias_variant()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
     cfg = lm_train.LMTrainConfig(model="certified-untied" if "untied" in variants else "certified", iters=iters,
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
-                                 relative_bias=64 if "bias64" in variants else 0,
+                                 relative_bias=64 if "bias64" in variants or bias_scale is not None else 0,
                                  seed=seed, eval_interval=max(1, iters // 4),
                                  eval_windows=100, anchor_weight=lam,
                                  attention_norm="none" if "normnone" in variants else "length")
@@ -290,7 +254,7 @@ def main() -> int:
     sub.add_parser("attention")
     s = sub.add_parser("screen")
     s.add_argument("--variant", default="", help="comma-separated: strict, innorm, rotary, normnone, keysfree, "
-                   "untied, sphere, lam<λ>, lr<x>")
+                   "untied, sphere, bias64, stepbias, lam<λ>, lr<x>, relbias<K>")
     s.add_argument("--iters", type=int, default=500)
     s.add_argument("--seed", type=int, default=0)
     args = p.parse_args()

@@ -63,7 +63,7 @@ from .descent import descent_tolerance, lowered
 from .positions import rope_tables, rotate_heads
 from .rho import Rho, get_rho
 from .rotated import _Frame, _frame, _hidden
-from .softmax import PRECISION_TARGET, key_bias, logit_error_bound, masked_logit, softmax_with_lse
+from .softmax import PRECISION_TARGET, exp_from_row_max, key_bias, logit_error_bound, masked_logit, softmax_with_lse
 from .steps import toward
 
 __all__ = ["DecoderOutput", "causal_joint_step", "causal_log_weight", "causal_targets", "causal_trace",
@@ -88,6 +88,13 @@ def pair_bias_rows(table: Tensor, n: int, q: int) -> Tensor:
     i = torch.arange(n - q, n, device=table.device)[:, None]
     j = torch.arange(n, device=table.device)[None, :]
     return table[:, (i - j).clamp(0, table.shape[1] - 1)]         # (H, q, n)
+
+
+def _visible(valid: Tensor, q: int) -> Tensor:
+    """(B, 1, q, n) bool: key j is real and j ≤ i, for the last q query rows i of n tokens (`valid` (B, n))."""
+    n = valid.shape[1]
+    i = torch.arange(n - q, n, device=valid.device)[:, None]
+    return (torch.arange(n, device=valid.device)[None, :] <= i) & valid[:, None, None, :]
 
 
 def _first_real(C: Tensor, valid: Tensor) -> Tensor:
@@ -131,13 +138,11 @@ def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho, las
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Other ρ: (Σ_j β_ij V_j / d_i, log d_i) from the masked n × n weights ρ'(½‖a_i − k_j‖²) of each head, times
     e^{b_h(i − j)} with a `bias` (H, q, n)."""
-    n = a.shape[1]
     at, kt, Vt = a.transpose(1, 2), k.transpose(1, 2), V.transpose(1, 2)   # (B, H, n, ·)
     rows = at[:, :, -1:] if last_only else at                      # (B, H, q, dh)
     sq_q, sq_k = rows.square().sum(-1), kt.square().sum(-1)        # (B, H, q), (B, H, n)
     z = (0.5 * (sq_q[..., None] + sq_k[:, :, None, :]) - rows @ kt.transpose(-1, -2)).clamp_min(0)
-    i = torch.arange(n - rows.shape[2], n, device=a.device)[:, None]
-    seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
+    seen = _visible(valid, rows.shape[2])                          # (B, 1, q, n)
     beta = rho.derivative(z) if bias is None else rho.derivative(z) * bias.to(z.dtype).exp()
     beta = torch.where(seen, beta, 0.0)                            # (B, H, q, n)
     deg = beta.sum(-1, keepdim=True)                               # (B, H, q, 1)
@@ -150,19 +155,14 @@ def _biased_softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, bias
     """ρ = exp with pair biases (H, q, n): (o_i, log d_i), β_ij = e^{b_h(i − j) − ½‖a_i − k_j‖²}, from explicit
     logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), masked; the weights and their log-sum-exp from one
     exponential."""
-    n = a.shape[1]
     rows = (a[:, -1:] if last_only else a).transpose(1, 2)         # (B, H, q, dh)
     kt, Vt = k.transpose(1, 2), V.transpose(1, 2)                  # (B, H, n, ·)
     q = rows.shape[2]
     logits = rows @ kt.transpose(-1, -2) - 0.5 * kt.square().sum(-1)[:, :, None, :] + bias.to(a.dtype)
-    i = torch.arange(n - q, n, device=a.device)[:, None]
-    seen = (torch.arange(n, device=a.device)[None, :] <= i) & valid[:, None, None, :]   # (B, 1, q, n)
+    seen = _visible(valid, q)                                      # (B, 1, q, n)
     logits = logits.masked_fill(~seen, masked_logit(a.dtype))      # (B, H, q, n)
-    # One exponential for the weights and the log-sum-exp: shifted by the row maximum (a constant of the gradient),
-    # raised to ½ log(tiny) first (the CPU's vectorised exp leaves its fast path for underflowing results, as for
-    # `softmax._small_pass`), the masked entries set to 0 after it.
-    top = logits.detach().amax(-1, keepdim=True)                   # (B, H, q, 1)
-    weights = torch.where(seen, (logits - top).clamp(min=0.5 * math.log(torch.finfo(a.dtype).tiny)).exp(), 0.0)
+    weights, top = exp_from_row_max(logits)                        # one exponential for weights and LSE
+    weights = torch.where(seen, weights, 0.0)                      # (B, H, q, n) the masked entries exactly 0
     total = weights.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)   # (B, H, q, 1)
     avg = (weights @ Vt) / total                                   # (B, H, q, w)
     lse = (top + total.log())[..., 0]                              # (B, H, q)

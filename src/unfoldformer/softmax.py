@@ -36,8 +36,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionPass", "MASKED", "PRECISION_TARGET", "attention_pass", "key_bias", "logit_error_bound",
-           "mass_energy", "masked_logit", "pass_kind", "softmax_with_lse"]
+__all__ = ["AttentionPass", "MASKED", "PRECISION_TARGET", "attention_pass", "exp_from_row_max", "key_bias",
+           "logit_error_bound", "mass_energy", "masked_logit", "pass_kind", "softmax_with_lse"]
 
 MASKED = -1e30               # logit of a masked pair: e^{MASKED − max} is exactly 0 in float32 and float64
 
@@ -288,14 +288,30 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     return AttentionPass(avg, log_mass, diagonal)
 
 
+def exp_from_row_max(logits: Tensor, *, in_place: bool = False) -> tuple[Tensor, Tensor]:
+    """(e^{ℓ − m} floored, m): the exponentials of logits (…, n) shifted by their row maximum m (…, 1), taken
+    without autograd (the softmax and the log-sum-exp do not depend on it); `in_place` reuses the logits' buffer.
+
+    Shifted logits below ½ log(tiny) are raised to it before the exponential: the CPU's vectorised exp leaves its
+    fast path for results that underflow or are subnormal (measured 11–32× slower per call), and a weight below
+    √tiny (1e-19 in float32) next to the row's largest, 1, changes no sum in this dtype; the square root keeps the
+    products with the values out of the subnormal range too (a floor at log(tiny) + 1 made some forwards 40 %
+    slower through subnormal products). Masked entries come out at that floor, not 0: callers zero them."""
+    top = logits.detach().amax(-1, keepdim=True)
+    floor = 0.5 * math.log(torch.finfo(logits.dtype).tiny)
+    if in_place:
+        return logits.sub_(top).clamp_(min=floor).exp_(), top
+    return (logits - top).clamp(min=floor).exp(), top
+
+
 def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool) -> AttentionPass:
     """The pass of short sequences from explicit logits a_i·a_j − ½‖a_j‖² (B, H, n, n): the same quantities as the
     flash kernel, which at these lengths ran slower at 2 threads than at 1 (B 64, 4 heads, n 16: 0.33 ms at 1
     thread, 0.73 ms at 2, inside a 4-layer forward; docs/results/speed.md), with one batched product for the
     logits and one for the average. The row maximum m_i is a constant of the gradient (the softmax and the
     log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is
-    reused in place. Padded keys and j = i get the logit MASKED as in the kernel's pass (a row with no other real
-    key: log S_i ≈ MASKED)."""
+    reused in place (`exp_from_row_max`). Padded keys and j = i get the logit MASKED as in the kernel's pass (a row
+    with no other real key: log S_i ≈ MASKED)."""
     B, n, H, dh = C.shape
     at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
     # (B, H, n) −½‖a_j‖², MASKED for padded keys
@@ -305,23 +321,15 @@ def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: boo
         logits.diagonal(dim1=1, dim2=2).fill_(masked_logit(C.dtype))   # j = i (the product's backward needs no output)
     logits = logits.view(B, H, n, n)
     in_place = not (torch.is_grad_enabled() and logits.requires_grad)
-    top = logits.detach().amax(-1, keepdim=True)                   # (B, H, n, 1) m_i
-    # Shifted logits below ½ log(tiny) are raised to it before the exponential: the CPU's vectorised exp leaves its
-    # fast path for results that underflow or are subnormal (measured 11–32× slower per call), and a weight below
-    # √tiny (1e-19 in float32) next to the row's largest, 1, changes no sum in this dtype; the square root keeps the
-    # products with the values out of the subnormal range too (a floor at log(tiny) + 1 made some forwards 40 %
-    # slower through subnormal products). The masked entries (padded keys, j = i) are set to exactly 0 afterwards,
-    # so they take no weight, as in the kernel.
-    floor = 0.5 * math.log(torch.finfo(C.dtype).tiny)
+    # the masked entries (padded keys, j = i) are set to exactly 0 after the exponential, as in the kernel
+    weights, top = exp_from_row_max(logits, in_place=in_place)     # (B, H, n, n) e^{ℓ_ij − m_i}, (B, H, n, 1)
     padded = not bool(valid.all())
     if in_place:
-        weights = logits.sub_(top).clamp_(min=floor).exp_()        # (B, H, n, n) e^{ℓ_ij − m_i}
         if not diagonal:
             weights.diagonal(dim1=-2, dim2=-1).zero_()
         if padded:
             weights.mul_(valid[:, None, None, :].to(C.dtype))
     else:
-        weights = (logits - top).clamp(min=floor).exp()
         if padded or not diagonal:
             weights = weights * _small_pass_keep(valid, diagonal, C.dtype)   # (B, 1, n, n) zeros where masked
     # (B, H, n, 1); 0 only in a row with no other real key, whose log mass is then about MASKED
