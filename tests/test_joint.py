@@ -38,9 +38,10 @@ DIMS = {1: (1,), 2: (1, 2), 4: (1, 2), 6: (2, 3), 8: (2, 4)}     # d -> head cou
 
 # ----------------------------------------------------------------------------- cases
 @st.composite
-def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
-    """A random model of one layer kind on width d (depth 2: tied, or untied with two bases)."""
-    rho = draw(st.sampled_from(RHOS))
+def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint", prior: bool = False):
+    """A random model of one layer kind on width d (depth 2: tied, or untied with two bases). `prior`: ρ = exp
+    with a position prior of 1–5 positions, log-weights p drawn in ±3 (pair weights e^{p_i + p_j} up to e^6)."""
+    rho = "exp" if prior else draw(st.sampled_from(RHOS))
     overrides = dict(d_model=d, n_heads=draw(st.sampled_from(DIMS[d])), depth=2, tied=draw(st.booleans()),
                      rho=rho, ffn_hidden=draw(st.sampled_from([1, 4, 16])), learn_basis=draw(st.booleans()),
                      anchor_weight=draw(st.floats(0.05, 20.0)),
@@ -55,6 +56,9 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
             learned = draw(st.floats(-8.0, 8.0)), draw(st.floats(-6.0, 3.0))
     else:
         overrides["alpha_ffn"] = overrides["alpha_attention"]
+    if prior:
+        overrides["position_prior"] = draw(st.sampled_from([1, 2, 5]))
+        prior_scale = draw(st.sampled_from([0.03, 0.3]))            # θ in ±scale, p = 10 θ
     seed = draw(st.integers(0, 2**31 - 1))
     w_scale, b_scale = draw(st.floats(0.05, 3.0)), draw(st.floats(0.0, 3.0))
     log_scale = draw(st.floats(-2.0, 1.0))
@@ -70,6 +74,8 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint"):
                 lay.attention.basis.parametrizations.weight.original.normal_()
             if learned is not None:
                 lay.step_logit.fill_(learned[0]), lay.ffn_weight_raw.fill_(learned[1])
+            if prior:
+                lay.attention.position_prior_table.uniform_(-prior_scale, prior_scale)
     return model.eval()
 
 
@@ -84,11 +90,11 @@ def free_w1(ffn) -> torch.Tensor:
 
 
 @st.composite
-def cases(draw, layer: str = "joint", dtype: torch.dtype | None = None):
+def cases(draw, layer: str = "joint", dtype: torch.dtype | None = None, prior: bool = False):
     dtype = draw(st.sampled_from([torch.float32, D64])) if dtype is None else dtype
     d = draw(st.sampled_from(sorted(DIMS)))
     batch = draw(token_sets(d=d, dtype=dtype, with_input=True, max_n=6))
-    return batch, draw(layers(dtype, d, layer))
+    return batch, draw(layers(dtype, d, layer, prior))
 
 
 def stack_of(model, X, pad):
@@ -96,16 +102,35 @@ def stack_of(model, X, pad):
     return cls(model, X, ~pad)
 
 
-def pair_attention_energy(Yd: torch.Tensor, scales: torch.Tensor, rho: str, valid: torch.Tensor) -> torch.Tensor:
-    """Σ_h Σ_{i<j} ρ(½ s_h²‖c_i − c_j‖²) over real pairs, contiguous heads, from explicit pair differences in
-    float64 (never the library's Gram path): (B, n, d) -> (B,)."""
+def pair_attention_energy(Yd: torch.Tensor, scales: torch.Tensor, rho: str, valid: torch.Tensor,
+                          prior: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_h Σ_{i<j} w_ij ρ(½ s_h²‖c_i − c_j‖²) over real pairs, contiguous heads, from explicit pair differences in
+    float64 (never the library's Gram path): (B, n, d) -> (B,). w_ij = 1, or e^{p_h(k_i) + p_h(k_j)} with a
+    position prior table `prior` (H, K) and k_i the rank of token i among its sample's real tokens (`pair_weights`)."""
     B, n, d = Yd.shape
     H = scales.shape[0]
     C = Yd.reshape(B, n, H, d // H).transpose(1, 2)                       # (B, H, n, dh)
     diff = C[:, :, :, None] - C[:, :, None]                               # (B, H, n, n, dh) c_i − c_j
     z = 0.5 * scales.to(D64)[None, :, None, None] ** 2 * diff.pow(2).sum(-1)   # (B, H, n, n)
     pair = valid[:, None, :, None] & valid[:, None, None, :] & torch.ones(n, n, dtype=torch.bool).triu(1)
-    return torch.where(pair, get_rho(rho).value(z), 0.0).sum((1, 2, 3))
+    return torch.where(pair, pair_weights(prior, valid, H) * get_rho(rho).value(z), 0.0).sum((1, 2, 3))
+
+
+def pair_weights(prior: torch.Tensor | None, valid: torch.Tensor, H: int) -> torch.Tensor:
+    """e^{p_h(k_i) + p_h(k_j)} (B, H, n, n) of a position prior table (H, K) (1 without one), the ranks k counted
+    here one token at a time (k_i = real tokens before i, capped at K − 1)."""
+    B, n = valid.shape
+    if prior is None:
+        return torch.ones(B, H, n, n, dtype=D64)
+    p = torch.zeros(B, H, n, dtype=D64)
+    table = prior.detach().to(D64)
+    for b in range(B):
+        k = 0
+        for i in range(n):
+            if valid[b, i]:
+                p[b, :, i] = table[:, min(k, table.shape[1] - 1)]
+                k += 1
+    return torch.exp(p[:, :, :, None] + p[:, :, None, :])
 
 
 def rotated_energy(stack, ell: int, Yr: torch.Tensor) -> torch.Tensor:
@@ -116,7 +141,7 @@ def rotated_energy(stack, ell: int, Yr: torch.Tensor) -> torch.Tensor:
     f, valid = stack.frame(ell), stack.valid
     att = f.layer.attention
     Yd = Yr.to(D64)
-    e_att = pair_attention_energy(Yd, f.scales.detach(), att.rho, valid)
+    e_att = pair_attention_energy(Yd, f.scales.detach(), att.rho, valid, f.prior)
     if att.length_norm:
         e_att = e_att / valid.sum(1).to(D64)
     ffn_weight = number(f.layer.gamma) / att.lam if isinstance(f.layer, JointLayer) else 1.0
@@ -137,7 +162,7 @@ def term_scale(stack, ell: int, Yr: torch.Tensor) -> torch.Tensor:
     f, valid = stack.frame(ell), stack.valid
     att, pad = f.layer.attention, ~stack.valid
     Yd = Yr.to(D64).where(valid[..., None], 0.0)
-    e_att = pair_attention_energy(Yd, f.scales.detach(), att.rho, valid).abs()
+    e_att = pair_attention_energy(Yd, f.scales.detach(), att.rho, valid, f.prior).abs()
     if att.length_norm:
         e_att = e_att / valid.sum(1).to(D64)
     ffn_weight = number(f.layer.gamma) / att.lam if isinstance(f.layer, JointLayer) else 1.0
@@ -209,10 +234,13 @@ def float32_allowance(stack, ell: int, Y_new: torch.Tensor, energy_scale: torch.
     M = M.where(valid, 0.0).flatten(1).amax(1)                       # (B,)
     s_sq = float(f.scales.detach().max()) ** 2 if metric_scale is None else float(metric_scale)
     logit = s_sq * (2 * M) ** 2 * Y_new.shape[-1]                   # ≥ ‖a − mean‖²
+    if f.prior is not None:                                          # + |p_j| in the key column, + |p_i| after the LSE
+        logit = logit + 2 * float(f.prior.detach().abs().max())
     delta = 64 * u * M * (1 + u * logit) * math.sqrt(Y_new.shape[1] * Y_new.shape[2])   # ‖δ‖_F bound
     g = grad.where(valid, 0.0).flatten(1).norm(dim=1)
     gamma = number(f.layer.gamma) if isinstance(f.layer, JointLayer) else f.layer.attention.lam
-    curvature = 2 * s_sq * Y_new.shape[1] + (1 + gamma) / f.layer.attention.lam
+    w_max = 1.0 if f.prior is None else math.exp(2 * float(f.prior.detach().abs().max()))   # largest pair weight
+    curvature = 2 * s_sq * Y_new.shape[1] * w_max + (1 + gamma) / f.layer.attention.lam
     return g * delta + 0.5 * curvature * delta ** 2 + descent_tolerance(torch.float32) * (1 + energy_scale.abs())
 
 

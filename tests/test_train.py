@@ -336,8 +336,14 @@ def test_ddp_two_cpu_processes_match_single_process(sst2_dir, tmp_path):
     # gradient change δ into an update change of about lr·δ per step, so after `steps` steps the weights
     # differ by about steps·lr·close_tol(float32) plus their own round-off
     lr, steps = cfg.optim.lr, summary["steps"]
+    # The position prior's gradient (∂/∂p_k of every pair weight e^{p_i + p_j}) sums terms of both signs over all
+    # pairs of the batch, and starts at p = 0 where they nearly cancel: its float32 relative round-off is
+    # γ_N·Σ|terms|/|Σ terms|, not close_tol. The bound allows a relative gradient change of 2^-10 per step (a
+    # condition number Σ|terms|/|Σ terms| up to ~8,000 at N ≤ 96·64 terms); measured here: 6e-5.
+    prior = {k for k in a if "position_prior" in k}
     for k in a.keys() - set(basis):
-        bound = steps * lr * close_tol(torch.float32) + close_tol(torch.float32, a[k].abs().max())
+        rel = 2.0 ** -10 if k in prior else close_tol(torch.float32)
+        bound = steps * lr * rel + close_tol(torch.float32, a[k].abs().max())
         assert (a[k] - b[k]).abs().max() <= bound, k
     # Rotations inside one head's subspace do not change the model (isotropic heads); their gradients are
     # rounding noise that Adam amplifies, so compare the head projectors U_h U_hᵀ, not the raw parameters.

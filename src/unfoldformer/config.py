@@ -42,6 +42,10 @@ holds its context fixed, so any key map keeps every token's step certified (docs
 `relative_bias=K` (causal joint layer): K learned biases b_h(δ) per head for the offsets δ = i − j = 0 … K − 1
 (larger offsets share b_h(K − 1)); each pair of token i's conditional energy is weighted by e^{b_h(i − j)} > 0,
 which keeps every token's step certified (docs/theory.md, "Causal keys"); 0: none.
+`position_prior=K` (anchored encoders, ρ = exp, either layer kind): K learned log-weights p_h(k) per head for the
+real-token positions k = 0 … K − 1 (later ones share p_h(K − 1)); every pair (i, j) of E_A is weighted by
+e^{p_h(i) + p_h(j)}: symmetric, so one energy of all tokens and every step stays certified, while a head can make
+every token read one position (docs/theory.md, "Position priors"); 0: none.
 """
 from __future__ import annotations
 
@@ -74,7 +78,7 @@ _COMMON = ("d_model", "n_heads", "depth", "positions")
 _UNFOLDED = ("tied", "certified")
 _ATTENTION_FIELDS = {
     "anchored": ("rho", "anchor_weight", "alpha_attention", "learn_basis", "basis_map", "attention_norm",
-                 "metric") + _UNFOLDED,
+                 "metric", "position_prior") + _UNFOLDED,
     "metric": ("rho", "alpha_attention", "learn_basis", "basis_map") + _UNFOLDED,
     "released": _UNFOLDED,
     "standard": ("dropout",),
@@ -98,7 +102,7 @@ DEFAULTS = dict(d_model=128, n_heads=4, depth=6, tied=True, rho="exp", anchor_we
                 ista_lambda=0.1, self_pair=True, readout="pool-norm", layer="alternating",
                 ffn_weight=1.0, attention_norm="none", ffn_bound="none",
                 positions="none", max_positions=512, metric="isotropic", learn_steps=False, causal=False,
-                keys="tied", relative_bias=0)
+                keys="tied", relative_bias=0, position_prior=0)
 #: CRATE readouts: `pool-norm` (the published model: mean-pool the tokens, then the final LayerNorm) or
 #: `norm-pool` (the final LayerNorm per token, then mean-pool; what version 0.2.0 ran).
 CRATE_READOUTS = ("pool-norm", "norm-pool")
@@ -114,9 +118,11 @@ PRESETS: dict[str, dict] = {
     # The joint MM layer (THEORY §3.7): anchored attention and the tied FFN in one step from one state,
     # γ = λ (the alternating layer's energy), attention weighted by 1/n (the prototype's better IMDB fit).
     # Whole-layer descent by construction; the recommended certified model.
+    # A position prior of 64 ranks (docs/theory.md §4e) lets a head make every token read one position; it applies
+    # where ρ = exp and the layer is an encoder's (elsewhere the preset's value resolves to 0).
     "certified": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
                       rho="exp", ffn_hidden=512, anchor_weight=1.0, alpha_attention=1.0, learn_basis=True,
-                      layer="joint", ffn_weight=1.0, attention_norm="length", certified=True),
+                      layer="joint", ffn_weight=1.0, attention_norm="length", position_prior=64, certified=True),
     # The alternating layer: anchored attention, then the tied FFN, two certified sub-steps (the paper's
     # layer shape); each sub-step lowers its own energy, the whole layer only with the run-time safeguard.
     "certified-alternating": dict(d_model=128, n_heads=4, depth=6, tied=True, attention="anchored", ffn="tied",
@@ -210,6 +216,7 @@ class ModelConfig:
     causal: bool | None = None            # joint layer only: token i sees j ≤ i, one MM step per token (§3.11)
     keys: str | None = None               # causal only: tied (q = k = v, §3.11) | free (context keys ȳ_j K_h)
     relative_bias: int | None = None      # causal only: K learned pair biases b_h(i − j) per head (0: none)
+    position_prior: int | None = None     # anchored encoders, ρ = exp: K learned log-weights p_h(k) per head (0: none)
 
     def __post_init__(self) -> None:
         self.preset_name = current_preset(self.preset_name)     # an old name given now: warn, map
@@ -262,6 +269,9 @@ class ModelConfig:
                 raise ConfigError("relative_bias applies only to a causal layer (causal=True): an encoder's pair "
                                   "weights must be symmetric for its one energy of all tokens")
             values["relative_bias"] = None
+        if self.position_prior is None and values.get("position_prior") and (values["rho"] != "exp"
+                                                                            or values.get("causal")):
+            values["position_prior"] = 0      # the preset's prior where it applies (ρ = exp encoders) only
         cfg = ModelConfig(**values)
         cfg._check_ranges()
         return cfg
@@ -283,6 +293,8 @@ class ModelConfig:
                                 "alternating")
             data = {k: v for k, v in data.items() if k in used or k not in _architecture_fields()}
         data = upgrade_peer_fields(data)
+        if "ista_lambda" in data and "position_prior" not in data:   # a complete dict saved before the field
+            data["position_prior"] = 0 if data.get("attention", "anchored") == "anchored" else None
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ConfigError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
@@ -331,6 +343,16 @@ class ModelConfig:
         if self.relative_bias is not None and (isinstance(self.relative_bias, bool) or self.relative_bias < 0):
             raise ConfigError(f"relative_bias must be an integer >= 0 (offsets with a learned bias), got "
                               f"{self.relative_bias!r}")
+        if self.position_prior is not None:
+            if isinstance(self.position_prior, bool) or self.position_prior < 0:
+                raise ConfigError(f"position_prior must be an integer >= 0 (positions with a learned log-weight), got "
+                                  f"{self.position_prior!r}")
+            if self.position_prior and self.rho != "exp":
+                raise ConfigError(f"position_prior needs rho='exp' (the prior rides in the fused pass's key column), "
+                                  f"got rho={self.rho!r}")
+            if self.position_prior and self.causal:
+                raise ConfigError("position_prior applies to encoders; a causal layer weights its pairs by "
+                                  "relative_bias instead")
         if self.max_positions is not None and self.max_positions < 1:
             raise ConfigError(f"max_positions must be >= 1, got {self.max_positions}")
         if self.positions == "rotary":

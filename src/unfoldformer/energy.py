@@ -136,36 +136,40 @@ def _chunk_size(B: int, H: int, n: int, chunk_size: int | None) -> int:
 
 def attention_energy(Y: Tensor, factors: Tensor, rho: str | Rho = "exp",
                      padding_mask: Tensor | None = None, *, chunk_size: int | None = None,
-                     check_finite: bool = True, method: str = "fused") -> Tensor:
+                     check_finite: bool = True, method: str = "fused", prior: Tensor | None = None) -> Tensor:
     """E_A(Y) = Σ_h Σ_{i<j} ρ(½‖(y_i − y_j) F_hᵀ‖²) over real tokens, as (B,) float64.
 
     Y: (B, n, d); factors: (H, k, d) or (k, d); `padding_mask` (B, n) bool, True marks padding.
     For ρ = exp, `method="fused"` (default) runs `softmax_attention_energy` (one fused float64 pass,
     padding-aware); `method="gram"` the float64 Gram-matrix path, the reference; `method="pairs"` explicit
     pair differences (`pair_difference_energy`: no cancellation, O(n²·d) work, for far-spread tokens).
+    `prior` (B, n, H): a position prior's log-weights, each pair's term weighted by e^{p_i + p_j} (head h's p).
     """
     valid = check_states(Y, padding_mask, check_finite=check_finite)
     F = check_factors(factors, Y.shape[-1]).to(Y.dtype)
     r = get_rho(rho)
     if method not in ("fused", "gram", "pairs"):
         raise ValueError(f"unknown method {method!r}; valid: fused, gram, pairs")
+    if prior is not None and prior.shape != (*Y.shape[:2], F.shape[0]):
+        raise ValueError(f"prior must have shape (B, n, H) = {(*Y.shape[:2], F.shape[0])}, got {tuple(prior.shape)}")
     with free_core_threads():                                      # threads for the free cores (`threads.py`)
         if method == "pairs":
-            return pair_difference_energy(Y, F, r, valid)
+            return pair_difference_energy(Y, F, r, valid, prior)
         Y = centred_states(Y, valid)                               # (B, n, d) same z_ij, no common offset
         if r.softmax and method == "fused":
-            return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size)
-        return gram_attention_energy(Y, F, r, valid, chunk_size=chunk_size)[0]
+            return softmax_attention_energy(Y, F, valid, chunk_size=chunk_size, prior=prior)
+        return gram_attention_energy(Y, F, r, valid, chunk_size=chunk_size, prior=prior)[0]
 
 
 def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_size: int | None = None,
-                          slopes: bool = False) -> tuple[Tensor, Tensor | None]:
+                          slopes: bool = False, prior: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """E_A of centred states Y (B, n, d) from Gram matrices and, with `slopes`, Σ_h Σ_{i<j} ρ'(z_ij) (the slope
     sum of `attention_error_bound`; else None): ((B,), (B,) or None) float64. F (H, k, d) in Y's dtype, `valid`
-    (B, n) (unchecked)."""
+    (B, n) (unchecked); `prior` (B, n, H): pairs weighted by e^{p_i + p_j} (slopes too)."""
     a = head_features(Y, F).to(torch.float64)                      # (B, H, n, k), features in Y's precision
     sq = (a * a).sum(-1)                                           # (B, H, n)
     B, H, n, _ = a.shape
+    p = None if prior is None else prior.to(torch.float64).transpose(1, 2)   # (B, H, n) p_i
     step = _chunk_size(B, H, n, chunk_size)
     total = torch.zeros(B, dtype=torch.float64, device=Y.device)
     slope_sum = torch.zeros(B, dtype=torch.float64, device=Y.device) if slopes and not r.softmax else None
@@ -176,28 +180,33 @@ def gram_attention_energy(Y: Tensor, F: Tensor, r: Rho, valid: Tensor, *, chunk_
         pair = pair & (cols[s:e, None] != cols[None, :])           # mask the diagonal
         if r.softmax:
             gram = a[:, :, s:e] @ a.transpose(-1, -2)              # (B, H, c, n)
-            logits = (gram - 0.5 * sq[:, :, None, :]).masked_fill(~pair, float("-inf"))
-            lse = torch.logsumexp(logits, dim=-1)                  # (B, H, c)
-            row_sums = torch.exp(lse - 0.5 * sq[:, :, s:e])        # Σ_{j≠i} exp(−z_ij)
+            logits = gram - 0.5 * sq[:, :, None, :]
+            if p is not None:
+                logits = logits + p[:, :, None, :] + p[:, :, s:e, None]   # + p_j + p_i
+            lse = torch.logsumexp(logits.masked_fill(~pair, float("-inf")), dim=-1)   # (B, H, c)
+            row_sums = torch.exp(lse - 0.5 * sq[:, :, s:e])        # Σ_{j≠i} e^{p_i + p_j − z_ij}
             total = total - 0.5 * row_sums.sum(dim=(1, 2))
         else:
             z = pair_distances(a[:, :, s:e], a, sq[:, :, s:e], sq)      # (B, H, c, n)
             zero = torch.zeros((), dtype=z.dtype, device=z.device)
-            total = total + 0.5 * torch.where(pair, r.value(z), zero).sum(dim=(1, 2, 3))
+            w = 1.0 if p is None else torch.exp(p[:, :, None, :] + p[:, :, s:e, None])   # (B, H, c, n) e^{p_i + p_j}
+            total = total + 0.5 * torch.where(pair, w * r.value(z), zero).sum(dim=(1, 2, 3))
             if slope_sum is not None:
-                slope_sum = slope_sum + 0.5 * torch.where(pair, r.derivative(z), zero).detach().sum(dim=(1, 2, 3))
+                slope_sum = slope_sum + 0.5 * torch.where(pair, w * r.derivative(z), zero).detach().sum(dim=(1, 2, 3))
     if slopes and r.softmax:                                        # exp: ρ' = e^{−z} = |ρ|, so the sum is |E_A|
         slope_sum = -total.detach()
     return total, slope_sum
 
 
-def pair_difference_energy(Y: Tensor, F: Tensor, rho: str | Rho, valid: Tensor) -> Tensor:
+def pair_difference_energy(Y: Tensor, F: Tensor, rho: str | Rho, valid: Tensor, prior: Tensor | None = None) -> Tensor:
     """E_A from explicit pair differences, z_ij = ½‖(y_i − y_j) F_hᵀ‖² with the difference of the states formed
     first (in float64): each z_ij carries a few u relative, never u·R² (no cancellation), so the result errs by
     ~u·Σ|ρ(z)|·(d + k) whatever the spread. O(n²·d·H·k) work in chunks of queries: the fallback for the rare
     far-spread samples whose Gram-form error bound exceeds what they are judged with (`attention_error_bound`),
-    not the fast path. Y (B, n, d), F (H, k, d), `valid` (B, n) True = real: (B,) float64."""
+    not the fast path. Y (B, n, d), F (H, k, d), `valid` (B, n) True = real, `prior` (B, n, H): each pair weighted by
+    e^{p_i + p_j}: (B,) float64."""
     r = get_rho(rho)
+    p = None if prior is None else prior.to(torch.float64).transpose(1, 2)   # (B, H, n)
     Yd = Y.to(torch.float64).where(valid[..., None], 0.0)          # (B, n, d)
     Fd = F.to(torch.float64)                                       # (H, k, d)
     B, n, d = Yd.shape
@@ -210,7 +219,8 @@ def pair_difference_energy(Y: Tensor, F: Tensor, rho: str | Rho, valid: Tensor) 
         diff = Yd[:, s:e, None, :] - Yd[:, None, :, :]             # (B, c, n, d) y_i − y_j
         z = 0.5 * torch.einsum("bcnd,hkd->bhcnk", diff, Fd).square().sum(-1)   # (B, H, c, n)
         pair = valid[:, None, s:e, None] & valid[:, None, None, :] & (cols[s:e, None] < cols[None, :])  # i < j
-        total = total + torch.where(pair, r.value(z), torch.zeros((), dtype=z.dtype, device=z.device)).sum((1, 2, 3))
+        value = r.value(z) if p is None else torch.exp(p[:, :, s:e, None] + p[:, :, None, :]) * r.value(z)
+        total = total + torch.where(pair, value, torch.zeros((), dtype=z.dtype, device=z.device)).sum((1, 2, 3))
     return total
 
 
@@ -223,25 +233,28 @@ def attention_error_bound(radius_sq: Tensor, slope_sum: Tensor, k: int) -> Tenso
 
 
 def softmax_attention_energy(Y: Tensor, factors: Tensor, valid: Tensor, *, chunk_size: int | None = None,
-                             bucket_ratio: float = 0.8) -> Tensor:
+                             bucket_ratio: float = 0.8, prior: Tensor | None = None) -> Tensor:
     """E_A for ρ = exp, −½ Σ_h Σ_i Σ_{j≠i} e^{−z_ij}, from one fused softmax pass (`softmax.attention_pass`).
 
     Y (B, n, d), factors (H, k, d), `valid` (B, n) True = real token (unchecked: callers validate). Costs
     what the real tokens cost: real tokens are moved to the front of each row, rows sorted by length and
     grouped so that each group is cut to its longest row and no row is shorter than `bucket_ratio` of it.
     The features a = Y F_hᵀ are formed in Y's precision, the pass and every sum run in float64 (as the
-    Gram path). `chunk_size`: queries per chunk of the diagonal mask.
+    Gram path). `chunk_size`: queries per chunk of the diagonal mask; `prior` (B, n, H): pairs weighted by
+    e^{p_i + p_j}.
     """
     B, n, _ = Y.shape
     total = torch.zeros(B, dtype=torch.float64, device=Y.device)
     for rows, length in _length_groups(valid, bucket_ratio):
-        Yg, vg = Y, valid
+        Yg, vg, pg = Y, valid, prior
         if rows is not None:
             order = torch.argsort((~valid[rows]).to(torch.int8), dim=1, stable=True)[:, :length]  # real tokens first
             Yg = Y[rows].gather(1, order[..., None].expand(-1, -1, Y.shape[-1]))  # (b, length, d)
             vg = valid[rows].gather(1, order)                       # (b, length)
+            pg = None if prior is None else prior[rows].gather(1, order[..., None].expand(-1, -1, prior.shape[-1]))
         a = torch.einsum("bnd,hkd->bnhk", Yg, factors).to(torch.float64)   # (b, length, H, k), in Y's precision
-        energy = mass_energy(attention_pass(a, None, vg, average=False, rows=chunk_size), vg)   # (b,)
+        pg = None if pg is None else pg.to(torch.float64)          # (b, length, H)
+        energy = mass_energy(attention_pass(a, None, vg, average=False, rows=chunk_size, prior=pg), vg)   # (b,)
         if rows is None:
             return energy
         total[rows] = energy

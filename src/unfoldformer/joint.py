@@ -111,10 +111,10 @@ class JointLayer(UnfoldedLayer):
             return torch.where(valid[..., None], out if f.Q is None else out @ f.Q.T, Y)
         att._plain()
         R = F_nn.linear(torch.relu(F_nn.linear(Y, ffn.W1.T, ffn.b)), ffn.W1)        # (B, n, d) ReLU(YW1 + b)W1ᵀ
-        lam = att.sample_lam(_valid(Y, padding_mask))
+        valid = _valid(Y, padding_mask)
         return anchored_attention_step(Y, self.anchor_mix(X.to(Y.dtype), R), att.log_scale.exp(),
-                                       lam / (1 + self.gamma), att.rho, self.step_size() * scale, padding_mask,
-                                       att.subspaces())
+                                       att.sample_lam(valid) / (1 + self.gamma), att.rho, self.step_size() * scale,
+                                       padding_mask, att.subspaces(), prior=att.log_prior(valid))
 
     def traced(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0,
                substeps: bool = True) -> LayerTrace:
@@ -217,7 +217,9 @@ def joint_energy_reference(Y: Tensor, X: Tensor, layer: JointLayer, padding_mask
     Yd, Xd = Y.double(), X.double()
     factors = att.factors().double()
     Zd = att.rotate(Yd) if att.rotary else Yd                     # rotary: E_A of R_i c_i (THEORY §3.9)
-    e_attention = E.attention_energy(Zd, factors, att.rho, padding_mask, method="gram")
+    prior = att.log_prior(_valid(Y, padding_mask))                # (B, n, H) or None
+    e_attention = E.attention_energy(Zd, factors, att.rho, padding_mask, method="gram",
+                                     prior=None if prior is None else prior.double())
     if att.length_norm:
         e_attention = e_attention / _valid(Y, padding_mask).sum(1).clamp_min(1).double()
     e_ffn = E.tied_ffn_energy(Yd, ffn.W1.double(), ffn.b.double(), padding_mask)

@@ -38,6 +38,7 @@ from torch.nn.utils import parametrize
 from . import energy as E
 from .bases import orthogonal_basis
 from .contracts import check_positive, check_step
+from .errors import ConfigError
 from .rho import get_rho
 from .steps import anchored_attention_step, attention_step, isotropic_factors, symmetric_ffn_step, tied_ffn_step
 
@@ -61,6 +62,16 @@ def _valid(Y: Tensor, padding_mask: Tensor | None) -> Tensor:
 #: b = RELATIVE_BIAS_SCALE · θ: Adam moves each θ by about the learning rate per step, so the scale lets a bias
 #: reach a few units (a head that prefers one offset by e^b) within a few hundred steps at lr 1e-3.
 RELATIVE_BIAS_SCALE = 10.0
+#: p = POSITION_PRIOR_SCALE · θ for an encoder's position prior, for the same reason.
+POSITION_PRIOR_SCALE = RELATIVE_BIAS_SCALE
+
+
+def position_log_prior(prior: Tensor, valid: Tensor) -> Tensor:
+    """Each token's log-weight p_h(k) (B, n, H) from a prior table (H, K), k = the token's rank among its sample's
+    real tokens (0 = the first real token, whichever side the padding is on; ranks ≥ K share row K − 1). Padded
+    tokens get a value too, which every caller ignores (their keys stay masked)."""
+    rank = (valid.cumsum(1) - 1).clamp(0, prior.shape[1] - 1)     # (B, n)
+    return prior.T[rank]                                           # (B, n, H)
 
 
 class AnchoredAttention(nn.Module):
@@ -72,13 +83,18 @@ class AnchoredAttention(nn.Module):
     s_h = dh^{-1/4}. `keys="free"` (causal layers only, `causal.py`): a key map K_h (`key_map` (H, d, dh), in the
     layer's basis) for the context, starting at the tied keys (c A_hᵀ). `relative_bias=K` (causal layers only):
     pair biases b_h(δ) = `RELATIVE_BIAS_SCALE`·θ_h(δ) for offsets δ = 0 … K − 1 (`relative_bias_table` (H, K), 0 at
-    first: the layer starts as the one without). `rotary` (THEORY §3.9, `positions.py`):
+    first: the layer starts as the one without). `position_prior=K` (encoders, ρ = exp): log-weights
+    p_h(k) = `POSITION_PRIOR_SCALE`·θ_h(k) per head for the real-token positions k = 0 … K − 1
+    (`position_prior_table` (H, K), 0 at first; later positions share p_h(K − 1)); every pair (i, j) of E_A is
+    weighted by e^{p_h(i) + p_h(j)}, symmetric, so the layer keeps one energy of all tokens and its step stays
+    certified (docs/theory.md, "Position priors"). `rotary` (THEORY §3.9, `positions.py`):
     RoPE on queries, keys and values (the model runs it in `rotated.py`; this module's energy rotates too, its
     step refuses)."""
 
     def __init__(self, d: int, n_heads: int, rho: str, lam: float, alpha: float, learn_basis: bool,
                  basis_map: str = "exp", length_norm: bool = False, metric: str = "isotropic",
-                 rotary: bool = False, *, certified: bool = True, keys: str = "tied", relative_bias: int = 0):
+                 rotary: bool = False, *, certified: bool = True, keys: str = "tied", relative_bias: int = 0,
+                 position_prior: int = 0):
         super().__init__()
         check_positive("anchor_weight", lam)
         check_step("alpha_attention", alpha, "anchored", certified=certified)
@@ -97,12 +113,27 @@ class AnchoredAttention(nn.Module):
             self.key_map = nn.Parameter(s0 * blocks)
         if relative_bias:                     # causal only: θ_h(δ), δ = i − j; b = RELATIVE_BIAS_SCALE · θ
             self.relative_bias_table = nn.Parameter(torch.zeros(n_heads, relative_bias))
+        if position_prior:                    # encoders: θ_h(k), k = rank among real tokens; p = scale · θ
+            if get_rho(rho).name != "exp":
+                raise ConfigError(f"position_prior needs rho='exp' (the prior rides in the fused pass's key column), "
+                                  f"got rho={rho!r}")
+            self.position_prior_table = nn.Parameter(torch.zeros(n_heads, position_prior))
         self.basis = orthogonal_basis(d, basis_map) if learn_basis else None
 
     def pair_bias(self) -> Tensor | None:
         """b_h(δ) (H, K) of a causal layer's relative bias; None without one."""
         table = getattr(self, "relative_bias_table", None)
         return None if table is None else RELATIVE_BIAS_SCALE * table
+
+    def prior(self) -> Tensor | None:
+        """p_h(k) (H, K) of an encoder's position prior; None without one."""
+        table = getattr(self, "position_prior_table", None)
+        return None if table is None else POSITION_PRIOR_SCALE * table
+
+    def log_prior(self, valid: Tensor) -> Tensor | None:
+        """Each token's log-weight (B, n, H) (`position_log_prior`); None without a position prior."""
+        prior = self.prior()
+        return None if prior is None else position_log_prior(prior, valid)
 
     def maps(self) -> Tensor | None:
         """A_h (H, dh, dh) of a diagonal or free metric; None for isotropic heads."""
@@ -162,12 +193,14 @@ class AnchoredAttention(nn.Module):
 
     def forward(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None, scale: float = 1.0) -> Tensor:
         self._plain()
-        return anchored_attention_step(Y, X, self.log_scale.exp(), self.sample_lam(_valid(Y, padding_mask)),
-                                       self.rho, self.alpha * scale, padding_mask, self.subspaces(), certified=False)
+        valid = _valid(Y, padding_mask)
+        return anchored_attention_step(Y, X, self.log_scale.exp(), self.sample_lam(valid), self.rho, self.alpha * scale,
+                                       padding_mask, self.subspaces(), certified=False, prior=self.log_prior(valid))
 
     def energy(self, Y: Tensor, X: Tensor, padding_mask: Tensor | None) -> Tensor:
         Z = self.rotate(Y) if self.rotary else Y                   # E_A of the rotated coordinates (§3.9)
-        e_attention = E.attention_energy(Z, self.factors(), self.rho, padding_mask)     # (B,) float64
+        prior = self.log_prior(_valid(Y, padding_mask))            # (B, n, H) or None
+        e_attention = E.attention_energy(Z, self.factors(), self.rho, padding_mask, prior=prior)   # (B,) float64
         if self.length_norm:
             e_attention = e_attention * length_weight(_valid(Y, padding_mask))
         return e_attention + E.anchor_energy(Y, X, padding_mask) / self.lam

@@ -79,16 +79,19 @@ def metric_bound(A: Tensor, kind: str) -> Tensor:
 
 
 def metric_softmax_update(C: Tensor, P: Tensor, A: Tensor, mu: Tensor, log_kappa: Tensor, valid: Tensor,
-                          alpha: float = 1.0, attention: AttentionPass | None = None) -> tuple[Tensor, AttentionPass]:
+                          alpha: float = 1.0, attention: AttentionPass | None = None,
+                          prior: Tensor | None = None) -> tuple[Tensor, AttentionPass]:
     """The step of the module doc for ρ = exp on head coordinates, and the off-diagonal pass it used.
 
     C, P (B, n, H, k): coordinates c_i and anchors p_i per head (heads contiguous); A (H, k, k) the maps,
     mu (H,) their bounds μ_h; log_kappa (H,) or (B, 1, H) log κ; `valid` (B, n). With the off-diagonal
     pass (S_i, o_i; β_ii = 1 split off, d_i = 1 + S_i): Σ_j β_ij M(c_i − c_j) = S_i M(c_i − o_i), so
         c_i⁺ = c_i − α [κ S_i M(c_i − o_i) + (c_i − p_i)] / (κ μ (1 + S_i) + 1).
-    Returns c⁺ (B, n, H, k) and the pass."""
+    Returns c⁺ (B, n, H, k) and the pass. `prior` (B, n, H): a position prior's log-weights (pairs weighted by
+    e^{p_i + p_j}; S_i and o_i from `softmax.attention_pass` with it; the self weight 1 stays: any self weight ≥ 0
+    keeps the bound)."""
     if attention is None or attention.average is None or attention.diagonal:
-        attention = attention_pass(C, None, valid, metric=A)
+        attention = attention_pass(C, None, valid, metric=A, prior=prior)
     kappa = log_kappa.to(C.dtype).exp()                                        # (H,) or (B, 1, H)
     S = attention.log_mass.exp()                                               # (B, n, H), 0 with no other token
     denom = kappa * mu.to(C.dtype) * (1 + S) + 1                               # (B, n, H)

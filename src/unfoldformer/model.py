@@ -71,7 +71,7 @@ def build_layer(cfg: ModelConfig) -> UnfoldedLayer:
                                  cfg.basis_map or "exp", certified=bool(cfg.certified),
                                  length_norm=cfg.attention_norm == "length", metric=cfg.metric,
                                  rotary=cfg.positions == "rotary", keys=cfg.keys or "tied",
-                                 relative_bias=cfg.relative_bias or 0)
+                                 relative_bias=cfg.relative_bias or 0, position_prior=cfg.position_prior or 0)
         if cfg.layer == "joint":                                   # one MM step on the whole layer energy (§3.7)
             ffn = TiedFFN(d, cfg.ffn_hidden, 1.0, bound=cfg.ffn_bound)           # ffn.alpha unused
             return JointLayer(attn, ffn, cfg.ffn_weight, bool(cfg.learn_steps), bool(cfg.causal))

@@ -463,8 +463,8 @@ def _upgrade(data: dict, version=None) -> dict:
     version 0.2.0 and older: the peers' `self_pair` / `readout` take the values those versions ran, and the
     kinds their names meant then (`KINDS_BEFORE_0_3`: `certified-untied` was the alternating layer); a saved
     config (one with a `version`, or a complete `to_dict` of an older one) without `model.final_norm` was
-    trained without the final LayerNorm, and one without `data.random_table` drew a random table with
-    torch.randn."""
+    trained without the final LayerNorm, one without `data.random_table` drew a random table with
+    torch.randn, and one without `model.position_prior` built its anchored encoder without a position prior."""
     model = dict(data.get("model") or {})
     saved = version is not None or written_before_0_3(data, None)   # a run's saved config, not a user's file
     if saved and "model" in data and "final_norm" not in model:
@@ -479,5 +479,8 @@ def _upgrade(data: dict, version=None) -> dict:
     for key in ("safeguard", "safeguard_halvings"):
         model.pop(key, None)
     preset = KIND_PRESETS.get(model.get("kind", "certified"), (None,))[0]
+    anchored = (model.get("attention") or (PRESETS[preset]["attention"] if preset else None)) == "anchored"
+    if saved and "model" in data and "position_prior" not in model and anchored:
+        model["position_prior"] = 0                                 # saved before the field: no position prior
     model = upgrade_peer_fields(model, PRESETS[preset]["attention"] if preset else None)
     return {**data, "model": model} if "model" in data else data

@@ -35,7 +35,15 @@ from torch import Tensor
 from . import energy as E
 from .descent import descent_tolerance
 from .kernels import weighted_average
-from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, length_weight
+from .layers import (
+    AnchoredAttention,
+    EnergyTerms,
+    LayerTrace,
+    TiedFFN,
+    UnfoldedLayer,
+    length_weight,
+    position_log_prior,
+)
 from .metrics import metric_kernel_update, metric_softmax_update
 from .positions import rope_tables, rotate_heads
 from .rho import get_rho
@@ -65,6 +73,7 @@ class _Frame(NamedTuple):
     mu: Tensor | None = None  # (H,) μ_h ≥ λ_max(A_hᵀA_h)
     K: Tensor | None = None   # (H, d, dh) the causal context's key map (keys="free"); None: keys = queries
     bias: Tensor | None = None  # (H, K) causal pair biases b_h(δ), δ = i − j (relative_bias=K); None: none
+    prior: Tensor | None = None  # (H, K) an encoder's position prior p_h(k) (position_prior=K); None: none
 
 
 def _frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
@@ -97,9 +106,15 @@ def _build_frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
     mu = None if A is None else att.mu().to(dtype)
     K = getattr(att, "key_map", None)
     bias = att.pair_bias() if hasattr(att, "pair_bias") else None
+    prior = att.prior() if hasattr(att, "prior") else None
     return _Frame(Q, att.scales().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias,
                   None if A is None else A.to(dtype), mu, None if K is None else K.to(dtype),
-                  None if bias is None else bias.to(dtype))
+                  None if bias is None else bias.to(dtype), None if prior is None else prior.to(dtype))
+
+
+def token_prior(f: _Frame, valid: Tensor) -> Tensor | None:
+    """Each token's position-prior log-weight (B, n, H) for the rows `valid` (B, n); None without a prior."""
+    return None if f.prior is None else position_log_prior(f.prior, valid)
 
 
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:
@@ -195,9 +210,11 @@ class RotatedStack:
         the blocked kernel. Returns the new coordinates (B, n, H, dh) and the pass (ρ = exp)."""
         att = f.layer.attention
         if self.exp:
+            prior = token_prior(f, valid)                          # (B, n, H) or None
             if f.A is None:
-                return anchored_softmax_update(C, P, f.scales, log_nu, valid, alpha, attention, certified=False)
-            return metric_softmax_update(C, P, f.A, f.mu, log_nu, valid, alpha, attention)
+                return anchored_softmax_update(C, P, f.scales, log_nu, valid, alpha, attention, certified=False,
+                                               prior=prior)
+            return metric_softmax_update(C, P, f.A, f.mu, log_nu, valid, alpha, attention, prior=prior)
         H = att.H
         Ct, Pt = C.transpose(1, 2), P.transpose(1, 2)              # (B, H, n, dh)
         nu = log_nu.exp()
@@ -325,7 +342,8 @@ class RotatedStack:
         if not self.exp:
             return None
         C = self.heads(Y, f.layer.attention.H)                      # (B, n, H, dh)
-        return attention_pass(C, f.scales if f.A is None else None, valid, average=average, metric=f.A)
+        return attention_pass(C, f.scales if f.A is None else None, valid, average=average, metric=f.A,
+                              prior=token_prior(f, valid))
 
     def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, attention: AttentionPass | None,
                hidden: Tensor | None, hidden_squares: Tensor | None = None, ffn_scale: float | Tensor = 1.0
@@ -349,7 +367,7 @@ class RotatedStack:
             C = self.heads(Y, att.H)                                # (B, n, H, dh) rotated coordinates (rotary)
             Z = E.centred_states(C.reshape(B, n, d), valid)         # (B, n, d)
             e_attention, slopes = E.gram_attention_energy(Z, block_factors(f, d), get_rho(att.rho), valid,
-                                                          slopes=exact)
+                                                          slopes=exact, prior=token_prior(f, valid))
         weight = length_weight(valid) if att.length_norm else None  # 1/n (THEORY §3.7)
         anchor = 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
         if f.W is None:
@@ -382,7 +400,8 @@ class RotatedStack:
         if not bool(far.any()):
             return e_attention
         rows = far.nonzero()[:, 0]
-        exact = E.pair_difference_energy(C.reshape(B, n, d)[rows], block_factors(f, d), att.rho, valid[rows])
+        exact = E.pair_difference_energy(C.reshape(B, n, d)[rows], block_factors(f, d), att.rho, valid[rows],
+                                         token_prior(f, valid[rows]))
         return e_attention.index_put((rows,), exact)
 
 

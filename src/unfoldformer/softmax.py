@@ -229,7 +229,7 @@ def logit_error_bound(radius_sq: Tensor, k: int, dtype: torch.dtype) -> Tensor:
 
 def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal: bool = False,
                    average: bool = True, rows: int | None = None, fused: bool | None = None,
-                   metric: Tensor | None = None) -> AttentionPass:
+                   metric: Tensor | None = None, prior: Tensor | None = None) -> AttentionPass:
     """S_i and o_i (module doc) of every token and head, from head coordinates C (B, n, H, dh).
 
     `scales` (H,): features a = s_h c (None: a = c); `valid` (B, n) True = real token. The features are
@@ -243,8 +243,14 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     `rows`: queries per chunk (default: a (chunk, n) mask of at most `_MASK_ELEMENTS` entries).
     `metric` (H, dh, dh): free per-head maps A_h (THEORY §3.8), features a_i = (c_i − mean) A_hᵀ (then
     `scales` must be None); the values stay c.
+    `prior` (B, n, H): log-weights p_i of a position prior (`layers.AnchoredAttention`, position_prior): every pair
+    is weighted by e^{p_i + p_j}, so S_i = Σ_{j≠i} e^{p_i + p_j − z_ij} (with the diagonal: d_i counts e^{2p_i}) and
+    o_i is the average with weights e^{p_j − z_ij}. p_j rides in the key column and p_i is added to the log mass:
+    no n × n tensor, the same kernels. Padded tokens' entries are ignored (their keys stay masked).
     """
     B, n, H, dh = C.shape
+    if prior is not None and diagonal:
+        raise ValueError("a pass with a position prior is off-diagonal: the step keeps the self pair's weight 1")
     weights = valid.to(C.dtype)                                    # (B, n)
     mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
     mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
@@ -259,14 +265,18 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
         if float(logit_error_bound(radius_sq, dh, C.dtype)) > PRECISION_TARGET:
             wide = attention_pass(C.double(), None if scales is None else scales.double(), valid, diagonal=diagonal,
                                   average=average, rows=rows, fused=fused,
-                                  metric=None if metric is None else metric.double())
+                                  metric=None if metric is None else metric.double(),
+                                  prior=None if prior is None else prior.double())
             avg = None if wide.average is None else wide.average.to(C.dtype)
             return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
     if fused is None and n <= SMALL_PASS_TOKENS and B * H * n * n <= SMALL_PASS_ENTRIES \
             and pass_kind(C.device.type, C.dtype) == "cpu-flash":
-        return _small_pass(C, a, half, valid, diagonal, average)
+        return _small_pass(C, a, half, valid, diagonal, average, prior)
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
-    k = torch.cat([a, key_bias(valid, C.dtype) - half], dim=-1)    # (B, n, H, dh + 1)
+    key_column = key_bias(valid, C.dtype) - half                   # (B, n, H, 1) −½‖a_j‖², MASKED for padded keys
+    if prior is not None:
+        key_column = key_column + prior.to(C.dtype)[..., None]     # + p_j
+    k = torch.cat([a, key_column], dim=-1)                         # (B, n, H, dh + 1)
     if average:
         v = torch.cat([C, torch.zeros_like(half)], dim=-1)         # (B, n, H, dh + 1), last column 0 (_FusedSoftmax)
     elif torch.is_grad_enabled() and a.requires_grad:
@@ -284,6 +294,8 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
         outs.append(out.transpose(1, 2)[..., :dh] if average else None)
         lses.append(lse.transpose(1, 2))
     log_mass = (torch.cat(lses, dim=1) if len(lses) > 1 else lses[0]) - half[..., 0]   # (B, n, H)
+    if prior is not None:
+        log_mass = log_mass + prior.to(C.dtype)                    # + p_i
     avg = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]) if average else None
     return AttentionPass(avg, log_mass, diagonal)
 
@@ -304,18 +316,21 @@ def exp_from_row_max(logits: Tensor, *, in_place: bool = False) -> tuple[Tensor,
     return (logits - top).clamp(min=floor).exp(), top
 
 
-def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool) -> AttentionPass:
+def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool,
+                prior: Tensor | None = None) -> AttentionPass:
     """The pass of short sequences from explicit logits a_i·a_j − ½‖a_j‖² (B, H, n, n): the same quantities as the
     flash kernel, which at these lengths ran slower at 2 threads than at 1 (B 64, 4 heads, n 16: 0.33 ms at 1
     thread, 0.73 ms at 2, inside a 4-layer forward; docs/results/speed.md), with one batched product for the
     logits and one for the average. The row maximum m_i is a constant of the gradient (the softmax and the
     log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is
     reused in place (`exp_from_row_max`). Padded keys and j = i get the logit MASKED as in the kernel's pass (a row
-    with no other real key: log S_i ≈ MASKED)."""
+    with no other real key: log S_i ≈ MASKED). `prior` (B, n, H): p_j added to the key term, p_i to the log mass."""
     B, n, H, dh = C.shape
     at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
-    # (B, H, n) −½‖a_j‖², MASKED for padded keys
-    key_term = (key_bias(valid, C.dtype)[..., 0] - half[..., 0]).transpose(1, 2)
+    key_term = key_bias(valid, C.dtype)[..., 0] - half[..., 0]     # (B, n, H) −½‖a_j‖², MASKED for padded keys
+    if prior is not None:
+        key_term = key_term + prior.to(C.dtype)                    # + p_j
+    key_term = key_term.transpose(1, 2)                            # (B, H, n)
     logits = torch.baddbmm(key_term.reshape(B * H, 1, n), at, at.transpose(1, 2))   # (B·H, n, n) a_i·a_j + that
     if not diagonal:
         logits.diagonal(dim1=1, dim2=2).fill_(masked_logit(C.dtype))   # j = i (the product's backward needs no output)
@@ -335,6 +350,8 @@ def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: boo
     # (B, H, n, 1); 0 only in a row with no other real key, whose log mass is then about MASKED
     total = weights.sum(-1, keepdim=True).clamp_min(torch.finfo(C.dtype).tiny)
     log_mass = (top + total.log())[..., 0].transpose(1, 2) - half[..., 0]   # (B, n, H) LSE_i − ½‖a_i‖²
+    if prior is not None:
+        log_mass = log_mass + prior.to(C.dtype)                    # + p_i
     avg = None
     if average:
         avg = ((weights @ C.transpose(1, 2)) / total).transpose(1, 2)   # (B, n, H, dh) o_i

@@ -146,7 +146,7 @@ def isotropic_factors(scales: Tensor, d: int, subspaces: Tensor | None = None) -
 
 def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tensor, valid: Tensor,
                             alpha: float = 1.0, attention: AttentionPass | None = None, *,
-                            certified: bool = True) -> tuple[Tensor, AttentionPass]:
+                            certified: bool = True, prior: Tensor | None = None) -> tuple[Tensor, AttentionPass]:
     """The anchored MM step for ρ = exp on head coordinates, and the attention pass it used (THEORY §3.3).
 
     C, Xc (B, n, H, dh): coordinates c_i of Y and x_i of X per head (heads contiguous); `scales` (H,)
@@ -158,10 +158,13 @@ def anchored_softmax_update(C: Tensor, Xc: Tensor, scales: Tensor, log_nu: Tenso
         t_i = (S_i o_i + c_i + x_i/ν) / (S_i + 1 + 1/ν) = p_i + σ(log S_i − log(1 + 1/ν)) (o_i − p_i),
     p_i = (ν c_i + x_i) / (ν + 1). Then c_i⁺ = (1 − α) c_i + α t_i (α = 1: t_i itself, no arithmetic
     with α). Returns c⁺ (B, n, H, dh) and the pass. α ∈ (0, 1] (`certified=False`: any finite α > 0).
+    `prior` (B, n, H): a position prior's log-weights (pairs weighted by e^{p_i + p_j}, `softmax.attention_pass`); a
+    given pass must have been computed with it. The self pair keeps its weight 1 in the off-diagonal form: any
+    self weight ≥ 0 leaves the Jacobi step a descent step (docs/theory.md, "Position priors").
     """
     alpha = check_step("alpha", alpha, "anchored", certified=certified)
     if attention is None or attention.average is None:            # the off-diagonal pass, as the traced forward:
-        attention = attention_pass(C, scales, valid)               # S_i's error is relative to S_i, not to 1 + S_i
+        attention = attention_pass(C, scales, valid, prior=prior)  # S_i's error is relative to S_i, not to 1 + S_i
     log_nu = log_nu.to(C.dtype)
     if attention.diagonal:
         gate = torch.sigmoid(log_nu + attention.log_mass)[..., None]   # (B, n, H, 1) ν d / (ν d + 1)
@@ -184,7 +187,8 @@ def toward(C: Tensor, target: Tensor, alpha: float | Tensor) -> Tensor:
 def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float | Tensor = 1.0,
                             rho: str | Rho = "exp", alpha: float = 1.0,
                             padding_mask: Tensor | None = None,
-                            subspaces: Tensor | None = None, *, certified: bool = True) -> Tensor:
+                            subspaces: Tensor | None = None, *, certified: bool = True,
+                            prior: Tensor | None = None) -> Tensor:
     """MM step on ½‖Y − X‖² + λ E_A with isotropic heads F_h = s_h U_hᵀ (THEORY §3.3).
 
     Per head, with c = Y U_h, x = X U_h and ν = λ s_h²:
@@ -195,6 +199,8 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float | T
     through the blocked kernel (`kernels.weighted_average`: Σ_j β_ij c_j and d_i in one pass).
     `padding_mask` (B, n) bool, True marks padding. `lam`: a finite number > 0, or (B,) per sample (λ/n
     for the length-normalised energy); `alpha` in (0, 1]; `certified=False` allows any finite α > 0.
+    `prior` (B, n, H), ρ = exp only: a position prior's log-weights (pairs weighted by e^{p_i + p_j}, docs/theory.md
+    §4e).
     """
     alpha = check_step("alpha", alpha, "anchored", certified=certified)
     valid = check_states(Y, padding_mask)
@@ -209,12 +215,15 @@ def anchored_attention_step(Y: Tensor, X: Tensor, scales: Tensor, lam: float | T
     H, d = scales.shape[0], Y.shape[-1]
     subspaces = check_subspaces(subspaces, H, d)
     r = get_rho(rho)
+    if prior is not None and not r.softmax:
+        raise ConfigError(f"a position prior needs rho='exp', got {r.name!r}")
     V, Xh = head_values(Y, H, subspaces), head_values(X.to(Y.dtype), H, subspaces)  # (B, H, n, dh)
     log_nu = lam.log().reshape(-1, 1, 1) + 2 * torch.log(scales.to(Y.dtype).abs())   # (1 or B, 1, H)
     if r.softmax:
         keep = valid[:, None, :, None]                             # padded rows zeroed: finite whatever they hold
         C, Xc = V.where(keep, 0.0).transpose(1, 2), Xh.where(keep, 0.0).transpose(1, 2)   # (B, n, H, dh)
-        new, _ = anchored_softmax_update(C, Xc, scales.to(Y.dtype), log_nu, valid)
+        new, _ = anchored_softmax_update(C, Xc, scales.to(Y.dtype), log_nu, valid,
+                                         prior=None if prior is None else prior.to(Y.dtype))
         target = new.transpose(1, 2)                               # (B, H, n, dh)
     else:
         a = scales.to(Y.dtype)[None, :, None, None] * V            # (B, H, n, dh) head features s_h c
