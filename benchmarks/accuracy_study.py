@@ -56,6 +56,8 @@ VARIANTS: dict[str, list[str]] = {
     "baseline": [],
     "final_norm": ["model.final_norm=tokens"],             # a LayerNorm on every output token, then pooling
     "pool_norm": ["model.final_norm=pooled"],              # pooling, then a LayerNorm (0.3.0's default)
+    # pool_norm with a position prior of 64 ranks (the certified preset's default since it came, theory §4e)
+    "position_prior": ["model.final_norm=pooled", "model.position_prior=64"],
     "alpha_ffn_1.5": ["model.alpha_ffn=1.5"],               # F2 is certified for α ∈ (0, 2)
     "alpha_attention_0.5": ["model.alpha_attention=0.5"],   # anchored attention: α ∈ (0, 1]
     "lambda_0.3": ["model.anchor_weight=0.3"],
@@ -86,9 +88,16 @@ VARIANTS: dict[str, list[str]] = {
 STUDY_BASE = ["model.final_norm=none"]
 
 
-def changes(name: str) -> list[str]:
-    """The variant's config changes on top of the study's base classifier."""
-    return VARIANTS[name] if name in ("final_norm", "pool_norm") else STUDY_BASE + VARIANTS[name]
+#: The joint models' base has no position prior either (the `certified` preset's default since theory §4e came):
+#: every variant but `position_prior` keeps the meaning of its result files.
+PRIOR_MODELS = ("certified-joint", "certified-joint-untied")
+
+
+def changes(name: str, model: str = "") -> list[str]:
+    """The variant's config changes on top of the study's base classifier (of `model`)."""
+    base = [] if name in ("final_norm", "pool_norm", "position_prior") else STUDY_BASE
+    prior = ["model.position_prior=0"] if model in PRIOR_MODELS and name != "position_prior" else []
+    return base + prior + VARIANTS[name]
 
 
 BUDGETS = {"imdb": ["--max-train-examples", "4000", "--epochs", "1", "--max-eval-examples", "500"],
@@ -99,7 +108,7 @@ def run(dataset: str, model: str, variants: list[str], seed: int, extra: list[st
     for name in variants:
         argv = ["--dataset", dataset, "--model", model, "--seed", str(seed), "--results", str(STUDY),
                 *BUDGETS[dataset], *extra]
-        argv += ["--variant", name] + [x for change in changes(name) for x in ("--set", change)]
+        argv += ["--variant", name] + [x for change in changes(name, model) for x in ("--set", change)]
         print(f"study: {dataset} {model} {name}", file=sys.stderr)
         accuracy.main(argv)
 
@@ -125,7 +134,7 @@ def validate_budget(dataset: str, model: str, pair: list[str], seed: int, extra:
                 continue
             argv = ["--dataset", dataset, "--model", model, "--seed", str(seed), "--results", str(folder),
                     *(BUDGETS[dataset] if reduced else []), *extra, "--variant", name]
-            argv += [x for change in changes(name) for x in ("--set", change)]
+            argv += [x for change in changes(name, model) for x in ("--set", change)]
             print(f"study: {dataset} {model} {name} ({'screening' if reduced else 'full'} budget)", file=sys.stderr)
             accuracy.main(argv)
     return budget_agreement(dataset, model, pair, seed, folder)

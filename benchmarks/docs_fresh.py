@@ -7,15 +7,15 @@ from pathlib import Path
 
 from docs_common import md
 
-__all__ = ["fresh"]
+__all__ = ["fresh", "fresh_before_prior"]
 
 TASK_ORDER = ("digits", "keywords", "listops", "imdb8")
 MODEL_ORDER = ("standard", "joint-tied", "joint-untied", "alternating-tied")
 
 
-def _cells(results: Path) -> dict[tuple[str, str, float], list[dict]]:
+def _cells(results: Path, folder: str = "fresh") -> dict[tuple[str, str, float], list[dict]]:
     cells: dict[tuple[str, str, float], list[dict]] = {}
-    for path in sorted((results / "fresh").glob("*.json")):
+    for path in sorted((results / folder).glob("*.json")):
         r = json.loads(path.read_text())
         cells.setdefault((r["task"], r["model"], r["lr"]), []).append(r)
     return cells
@@ -30,11 +30,17 @@ def _mean(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def fresh(results: Path) -> str:
+def fresh_before_prior(results: Path) -> str:
+    """The certified cells as run before the `certified` preset took a position prior (theory §4e), kept in
+    benchmarks/results/fresh/before-position-prior/: the same table."""
+    return fresh(results, "fresh/before-position-prior")
+
+
+def fresh(results: Path, folder: str = "fresh") -> str:
     """One row per task, model and learning rate that was run: accuracy (%, mean ± sd over seeds), final training
     loss, parameters, training step time; `default` marks the task's default learning rate."""
     rows = []
-    cells = _cells(results)
+    cells = _cells(results, folder)
     key = lambda k: (TASK_ORDER.index(k[0]) if k[0] in TASK_ORDER else 99,   # noqa: E731
                      MODEL_ORDER.index(k[1]) if k[1] in MODEL_ORDER else 99, k[2])
     for task, model, lr in sorted(cells, key=key):

@@ -25,9 +25,11 @@ same energies). The arguments and the config fields they set:
 | `lam`             | `anchor_weight`   | preset's (1.0) | > 0              |
 | `layer`           | `layer`           | "joint"  | joint, alternating     |
 | `alpha_ffn`       | `alpha_ffn`       | 1.0 (alternating only) | (0, 2)   |
+| `position_prior`  | `position_prior`  | 64 (ρ = exp; else 0) | ≥ 0      |
 
 Any other `ModelConfig` field can be passed by name (`learn_basis=False`, `basis_map="cayley"`,
-`certified=False` to leave the certified ranges, `ffn_weight` (γ) and `learn_steps` for the joint layer);
+`certified=False` to leave the certified ranges, `ffn_weight` (γ) and `learn_steps` for the joint layer;
+`position_prior=0` for the layer without learned log-weights per token rank, docs/theory.md §4e);
 `depth` and `tied` belong to `CertifiedEncoder`. Attention masks other than padding (`src_mask`,
 `is_causal`) are refused: the energy couples every pair of real tokens.
 

@@ -62,8 +62,10 @@ def _valid(Y: Tensor, padding_mask: Tensor | None) -> Tensor:
 #: b = RELATIVE_BIAS_SCALE · θ: Adam moves each θ by about the learning rate per step, so the scale lets a bias
 #: reach a few units (a head that prefers one offset by e^b) within a few hundred steps at lr 1e-3.
 RELATIVE_BIAS_SCALE = 10.0
-#: p = POSITION_PRIOR_SCALE · θ for an encoder's position prior, for the same reason.
-POSITION_PRIOR_SCALE = RELATIVE_BIAS_SCALE
+#: p = POSITION_PRIOR_SCALE · θ for an encoder's position prior: 30, so that p can move by ~9 in 300 steps at lr
+#: 1e-3 (a token among ~500 needs a weight e^p of several hundred to be read by all; on ListOps 10 gave 40.8 %,
+#: 30 gave 46.4 %, docs/results/fresh.md).
+POSITION_PRIOR_SCALE = 30.0
 
 
 def position_log_prior(prior: Tensor, valid: Tensor) -> Tensor:
@@ -84,7 +86,7 @@ class AnchoredAttention(nn.Module):
     layer's basis) for the context, starting at the tied keys (c A_hᵀ). `relative_bias=K` (causal layers only):
     pair biases b_h(δ) = `RELATIVE_BIAS_SCALE`·θ_h(δ) for offsets δ = 0 … K − 1 (`relative_bias_table` (H, K), 0 at
     first: the layer starts as the one without). `position_prior=K` (encoders, ρ = exp): log-weights
-    p_h(k) = `POSITION_PRIOR_SCALE`·θ_h(k) per head for the real-token positions k = 0 … K − 1
+    p_h(k) = `POSITION_PRIOR_SCALE`·θ_h(k) (30) per head for the real-token positions k = 0 … K − 1
     (`position_prior_table` (H, K), 0 at first; later positions share p_h(K − 1)); every pair (i, j) of E_A is
     weighted by e^{p_h(i) + p_h(j)}, symmetric, so the layer keeps one energy of all tokens and its step stays
     certified (docs/theory.md, "Position priors"). `rotary` (THEORY §3.9, `positions.py`):
