@@ -58,7 +58,7 @@ def layers(draw, dtype: torch.dtype, d: int, layer: str = "joint", prior: bool =
         overrides["alpha_ffn"] = overrides["alpha_attention"]
     if prior:
         overrides["position_prior"] = draw(st.sampled_from([1, 2, 5]))
-        prior_scale = draw(st.sampled_from([0.03, 0.3]))            # θ in ±scale, p = 10 θ
+        prior_scale = draw(st.sampled_from([0.01, 0.1]))            # θ in ±scale, p = 30 θ
     seed = draw(st.integers(0, 2**31 - 1))
     w_scale, b_scale = draw(st.floats(0.05, 3.0)), draw(st.floats(0.0, 3.0))
     log_scale = draw(st.floats(-2.0, 1.0))

@@ -244,7 +244,7 @@ def test_the_prior_reads_ranks_among_real_tokens_whichever_side_the_padding_is_o
     model = _model(3, layer)
     with torch.no_grad():
         for lay in model.layers:
-            lay.attention.position_prior_table.uniform_(-0.3, 0.3)
+            lay.attention.position_prior_table.uniform_(-0.1, 0.1)
     real = torch.randn(2, 5, 8, dtype=D64)
     right, left = torch.zeros(2, 8, 8, dtype=D64), torch.zeros(2, 8, 8, dtype=D64)
     right[:, :5], left[:, 3:] = real, real
@@ -266,7 +266,7 @@ def test_the_gradient_reaches_the_prior(n):
     model = _model(4, tied=False)
     with torch.no_grad():
         for lay in model.layers:
-            lay.attention.position_prior_table.uniform_(-0.2, 0.2)
+            lay.attention.position_prior_table.uniform_(-0.07, 0.07)
     X = torch.randn(2, n, 8, dtype=D64, generator=torch.Generator().manual_seed(1))
     pad = torch.zeros(2, n, dtype=torch.bool)
     pad[1, n - 2:] = True
@@ -331,7 +331,7 @@ def test_the_model_energy_reads_the_prior():
     """`model.energy` (the layer module's reference, `energy.attention_energy`) equals the curve's first entry."""
     model = _model(3)
     with torch.no_grad():
-        model.layers[0].attention.position_prior_table.uniform_(-0.3, 0.3)
+        model.layers[0].attention.position_prior_table.uniform_(-0.1, 0.1)
         X = torch.randn(2, 7, 8, dtype=D64)
         pad = torch.zeros(2, 7, dtype=torch.bool)
         pad[0, :2] = True
