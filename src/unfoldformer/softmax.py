@@ -244,9 +244,10 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     `metric` (H, dh, dh): free per-head maps A_h (THEORY §3.8), features a_i = (c_i − mean) A_hᵀ (then
     `scales` must be None); the values stay c.
     `prior` (B, n, H): log-weights p_i of a position prior (`layers.AnchoredAttention`, position_prior): every pair
-    is weighted by e^{p_i + p_j}, so S_i = Σ_{j≠i} e^{p_i + p_j − z_ij} (with the diagonal: d_i counts e^{2p_i}) and
-    o_i is the average with weights e^{p_j − z_ij}. p_j rides in the key column and p_i is added to the log mass:
-    no n × n tensor, the same kernels. Padded tokens' entries are ignored (their keys stay masked).
+    is weighted by e^{p_i + p_j}, so S_i = Σ_{j≠i} e^{p_i + p_j − z_ij} and o_i is the average with weights
+    e^{p_j − z_ij} (off-diagonal passes only). p_j rides in the key column and p_i is added to the log mass: no
+    n × n tensor, the same kernels. Padded tokens' entries are ignored (their keys stay masked). Each logit carries
+    p_j's rounding too, so the precision test adds 2u·max|p| to the bound.
     """
     B, n, H, dh = C.shape
     if prior is not None and diagonal:
@@ -262,7 +263,10 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
     if C.dtype != torch.float64 and n > 1:
         radius_sq = 2 * half.detach()[..., 0].where(valid[..., None], 0.0).max()
-        if float(logit_error_bound(radius_sq, dh, C.dtype)) > PRECISION_TARGET:
+        bound = logit_error_bound(radius_sq, dh, C.dtype)
+        if prior is not None:                                      # + u|p_j| in the key column, u|p_i| on the mass
+            bound = bound + torch.finfo(C.dtype).eps * prior.detach().where(valid[..., None], 0.0).abs().max()
+        if float(bound) > PRECISION_TARGET:
             wide = attention_pass(C.double(), None if scales is None else scales.double(), valid, diagonal=diagonal,
                                   average=average, rows=rows, fused=fused,
                                   metric=None if metric is None else metric.double(),
