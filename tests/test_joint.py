@@ -276,11 +276,12 @@ def test_the_joint_layer_never_raises_its_energy(case):
         assert (after <= before + float32_allowance(stack, 0, trace.output, before)).all(), (before, after)
 
 
-@given(case=cases(dtype=D64))
+@given(case=st.one_of(cases(dtype=D64), cases(dtype=D64, prior=True)))
 @examples(2000)
 def test_the_joint_step_is_the_formula_of_theory(case):
     """c_i⁺ = (1 − α)c_i + α(ν Σ_j β_ij c_j + x̃_i + γ r̃_i)/(ν d_i + 1 + γ) per head, written out in float64
-    with the n × n weights β_ij = ρ'(½ s_h²‖c_i − c_j‖²) over real pairs; padded rows stay.
+    with the n × n weights β_ij = ρ'(½ s_h²‖c_i − c_j‖²) over real pairs; padded rows stay. With a position prior
+    (docs/theory.md §4e) the pairs j ≠ i carry e^{p_i + p_j} and the self pair keeps ρ'(0) = 1.
     Both passes of the model agree with it: the plain forward's (diagonal counted) and the traced one's
     (diagonal masked, self term in closed form)."""
     (Y, X, pad), model = case
@@ -294,12 +295,14 @@ def test_the_joint_step_is_the_formula_of_theory(case):
         R = torch.relu(Y @ ffn.W1 + ffn.b) @ ffn.W1.T                         # (B, n, d)
         s = att.log_scale.exp()
         nreal = valid.sum(1).to(D64)                                            # (B,)
+        prior = att.prior() if hasattr(att, "prior") else None
+        w = pair_weights(prior, valid, H).where(~torch.eye(n, dtype=torch.bool), 1.0)   # (B, H, n, n) self: 1
         expected = Y.clone()
         for h in range(H):
             Uh = Q[:, h * dh:(h + 1) * dh]                                      # (d, dh)
             c, x, r = Y @ Uh, X @ Uh, R @ Uh                                    # (B, n, dh)
             z = 0.5 * s[h] ** 2 * ((c[:, :, None] - c[:, None]) ** 2).sum(-1)   # (B, n, n)
-            beta = get_rho(att.rho).derivative(z)                             # ρ'(z_ij)
+            beta = w[:, h] * get_rho(att.rho).derivative(z)                   # e^{p_i + p_j} ρ'(z_ij)
             beta = beta * (valid[:, :, None] & valid[:, None, :])
             nu = att.lam * s[h] ** 2 / (nreal if att.length_norm else torch.ones_like(nreal))
             nu = nu[:, None, None]
@@ -317,7 +320,8 @@ def test_the_joint_step_is_the_formula_of_theory(case):
     # Round-off: entries of magnitude M = max(|Y|, |X|, |R|); the fused pass's logits lose eps·‖a − mean‖²
     # (THEORY §3.10), which moves a softmax average by that relative amount of the values (≤ 2M).
     M = max(float(Y.abs().max()), float(X.abs().max()), float(R.abs().max()), 1.0)
-    logit = float(s.max()) ** 2 * (2 * M) ** 2 * d
+    logit = float(s.max()) ** 2 * (2 * M) ** 2 * d                             # + 2 max|p| with a prior (§4e)
+    logit += 0.0 if prior is None else 2 * float(prior.detach().abs().max())
     tol = close_tol(D64, M * (1 + logit))
     for got in (plain, traced):
         back = got if f.Q is None else got @ f.Q.T

@@ -5,7 +5,8 @@ The weights are symmetric and positive, so the layer keeps one energy of all tok
 step. The cases are test_joint's adversarial ones (`cases(prior=True)`: far clusters, offsets up to 1e3, identical
 tokens, n = 1, all-but-one padding, float32 and float64) with log-weights p drawn in ±3; the references are written
 here from explicit pair differences and ranks counted one token at a time (`test_joint.pair_weights`), never the
-library's key column.
+library's key column. The step's formula with pair weights is checked in
+`test_joint.py::test_the_joint_step_is_the_formula_of_theory` (its cases include priors).
 """
 from __future__ import annotations
 
@@ -25,9 +26,7 @@ from test_joint import (
     curve_term_scales,
     float32_allowance,
     not_raised,
-    number,
     pair_attention_energy,
-    pair_weights,
     rotated_energy,
     stack_of,
     term_scale,
@@ -70,51 +69,6 @@ def test_a_joint_layer_with_a_position_prior_never_raises_its_energy(case):
             else:
                 assert (after <= before + float32_allowance(stack, ell, Yn, before)).all(), (before, after)
             Ys = stack.advance(ell, Yn)
-
-
-@given(case=cases(dtype=D64, prior=True))
-@examples(1000)
-def test_the_step_with_a_position_prior_is_the_weighted_formula(case):
-    """c_i⁺ = (1 − α)c_i + α(ν (Σ_{j≠i} w_ij β_ij c_j + c_i) + x̃_i + γ r̃_i)/(ν (Σ_{j≠i} w_ij β_ij + 1) + 1 + γ) per
-    head, β_ij = e^{−z_ij}, w_ij = e^{p_i + p_j} (the self pair keeps weight 1), written out in float64."""
-    (Y, X, pad), model = case
-    lay = model.layers[0]
-    att, ffn = lay.attention, lay.ffn
-    valid = ~pad
-    B, n, d = Y.shape
-    H, dh = att.H, d // att.H
-    with torch.no_grad():
-        Q = torch.eye(d, dtype=D64) if att.basis is None else att.basis.weight
-        R = torch.relu(Y @ ffn.W1 + ffn.b) @ ffn.W1.T                         # (B, n, d)
-        s = att.log_scale.exp()
-        w = pair_weights(att.prior(), valid, H)                                 # (B, H, n, n)
-        off = ~torch.eye(n, dtype=torch.bool)
-        nreal = valid.sum(1).to(D64)
-        gamma, alpha = number(lay.gamma), number(lay.step_size())
-        expected = Y.clone()
-        for h in range(H):
-            Uh = Q[:, h * dh:(h + 1) * dh]                                      # (d, dh)
-            c, x, r = Y @ Uh, X @ Uh, R @ Uh                                    # (B, n, dh)
-            z = 0.5 * s[h] ** 2 * ((c[:, :, None] - c[:, None]) ** 2).sum(-1)   # (B, n, n)
-            beta = (w[:, h] * torch.exp(-z)).where(valid[:, :, None] & valid[:, None, :] & off, 0.0)
-            nu = (att.lam * s[h] ** 2 / (nreal if att.length_norm else torch.ones_like(nreal)))[:, None, None]
-            target = (nu * (beta @ c + c) + x + gamma * r) / (nu * (beta.sum(-1, keepdim=True) + 1) + 1 + gamma)
-            expected = expected + (alpha * (target - c)) @ Uh.T
-        expected = expected.where(valid[..., None], Y)
-        stack = stack_of(model, X, pad)
-        f = stack.frame(0)
-        Yr = (Y if f.Q is None else Y @ f.Q).where(valid[..., None], 0.0)
-        plain = stack._joint(f, Yr, stack.anchor(0), stack.valid, 1.0, None)
-        traced = stack.trial(0, Yr, None, None, 1.0, False, True).output
-        module = lay(Y, X, pad)                                                 # the layer module's reference step
-    # Round-off as in test_joint's formula test; the logits carry the prior (≤ 2 max|p|) besides s²‖a − mean‖².
-    M = max(float(Y.abs().max()), float(X.abs().max()), float(R.abs().max()), 1.0)
-    logit = float(s.max()) ** 2 * (2 * M) ** 2 * d + 2 * _prior_max(model)
-    tol = close_tol(D64, M * (1 + logit))
-    for got in (plain, traced):
-        back = got if f.Q is None else got @ f.Q.T
-        assert ((back - expected).abs().where(valid[..., None], 0.0) <= tol).all()
-    assert ((module - expected).abs() <= tol).all()
 
 
 @given(case=cases(layer="alternating", dtype=D64, prior=True))
