@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conftest import close_tol, examples
 from strategies import token_sets
-from test_joint import curve_float32_allowances, float32_allowance
+from test_joint import curve_float32_allowances, float32_allowance, pair_weights
 from unfoldformer import energy as E
 from unfoldformer.baselines import RotaryEncoderLayer, StandardTransformer
 from unfoldformer.config import ModelConfig
@@ -66,6 +66,7 @@ def reference_energy(stack, ell: int, Yr: torch.Tensor, ffn: bool = True) -> tor
     a = torch.einsum("bnhk,hjk->bhnj", C, maps_of(att))             # (B, H, n, k) features
     z = 0.5 * ((a[:, :, :, None] - a[:, :, None]) ** 2).sum(-1)      # (B, H, n, n)
     rho = -torch.exp(-z) if att.rho == "exp" else torch.log(z + 2)
+    rho = rho * pair_weights(f.prior, valid, H)                       # e^{p_i + p_j} with a position prior (§4e)
     pairs = (valid[:, :, None] & valid[:, None, :]).triu(1)[:, None]   # i < j, both real
     e_att = rho.where(pairs, 0.0).sum((1, 2, 3))
     if att.length_norm:
@@ -115,7 +116,9 @@ def reference_step(model, Y: torch.Tensor, X: torch.Tensor, pad: torch.Tensor) -
 
 # ----------------------------------------------------------------------------- cases
 @st.composite
-def models(draw, dtype, d: int, metric: str | None = None, positions: str | None = None, layer: str | None = None):
+def models(draw, dtype, d: int, metric: str | None = None, positions: str | None = None, layer: str | None = None,
+           prior: bool = False):
+    """`prior`: ρ = exp with a position prior (docs/theory.md §4e) of 1–5 ranks, log-weights p in ±3."""
     metric = draw(st.sampled_from(["isotropic", "diagonal", "free"])) if metric is None else metric
     positions = draw(st.sampled_from(["none", "rotary"])) if positions is None else positions
     layer = draw(st.sampled_from(["joint", "alternating"])) if layer is None else layer
@@ -127,6 +130,8 @@ def models(draw, dtype, d: int, metric: str | None = None, positions: str | None
                      positions=positions)
     if layer == "joint":
         overrides["ffn_weight"] = draw(st.sampled_from([0.0, 1.0, draw(st.floats(0.0, 10.0))]))
+    if prior:
+        overrides.update(rho="exp", position_prior=draw(st.sampled_from([1, 2, 5])))
     seed = draw(st.integers(0, 2**31 - 1))
     shape = draw(st.sampled_from(["gaussian", "rank1", "close"]))
     scale = 10.0 ** draw(st.floats(-1.5, 0.7))
@@ -154,6 +159,8 @@ def models(draw, dtype, d: int, metric: str | None = None, positions: str | None
                     A.copy_((scale * O * (1 + 1e-6 * torch.arange(kk, dtype=D64))).to(dtype))
             if att.basis is not None:
                 att.basis.parametrizations.weight.original.normal_()
+            if prior:
+                att.position_prior_table.uniform_(-0.1, 0.1)              # p = 30 θ in ±3
     return model.eval()
 
 
@@ -253,6 +260,14 @@ def test_free_metrics_never_raise_the_energy(case):
 @given(case=cases(positions="rotary"))
 @examples(1500)
 def test_rotary_attention_never_raises_the_energy(case):
+    _never_rises(case)
+
+
+@given(case=cases(prior=True))
+@examples(1000)
+def test_metrics_and_rotary_attention_with_a_position_prior_never_raise_the_energy(case):
+    """Isotropic, diagonal and free metrics, rotary or not, joint or alternating, with pair weights e^{p_i + p_j}:
+    the metric step's bound uses D + B ⪰ 0, which positive symmetric weights keep (docs/theory.md §4e)."""
     _never_rises(case)
 
 
