@@ -52,9 +52,11 @@ METRIC_FIELDS = ("step", "epoch", "loss", "token_loss", "sentence_loss", "lr", "
 
 def build_student(cfg: DistillConfig, teacher: Teacher) -> DistilledEncoder:
     """The student of `cfg`: the teacher's width, and its depth / heads / FFN width unless set."""
+    # position_prior=0: the students distilled (and their checkpoints, which resume) before the preset took a
+    # position prior have none; MiniLM's own positions reach the student through its input
     model_cfg = ModelConfig.preset(cfg.student, d_model=teacher.dim, n_heads=cfg.n_heads or teacher.n_heads,
                                    ffn_hidden=cfg.ffn_hidden or teacher.ffn_hidden, depth=cfg.depth or teacher.depth,
-                                   tied=cfg.tied, rho=cfg.rho)
+                                   tied=cfg.tied, rho=cfg.rho, position_prior=0)
     return DistilledEncoder(model_cfg, teacher=cfg.teacher, readout=cfg.readout,
                             trainable_embeddings=cfg.trainable_embeddings, max_length=cfg.max_length)
 
