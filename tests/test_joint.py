@@ -295,7 +295,7 @@ def test_the_joint_step_is_the_formula_of_theory(case):
         R = torch.relu(Y @ ffn.W1 + ffn.b) @ ffn.W1.T                         # (B, n, d)
         s = att.log_scale.exp()
         nreal = valid.sum(1).to(D64)                                            # (B,)
-        prior = att.prior() if hasattr(att, "prior") else None
+        prior = att.prior()                                                     # (H, K) or None
         w = pair_weights(prior, valid, H).where(~torch.eye(n, dtype=torch.bool), 1.0)   # (B, H, n, n) self: 1
         expected = Y.clone()
         for h in range(H):

@@ -39,10 +39,6 @@ from unfoldformer.model import UnfoldedTransformer
 from unfoldformer.softmax import attention_pass
 
 
-def _prior_max(model) -> float:
-    return max(float(lay.attention.prior().detach().abs().max()) for lay in model.layers)
-
-
 # ----------------------------------------------------------------------------- descent
 @given(case=cases(prior=True))
 @examples(1000)

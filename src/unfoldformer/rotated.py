@@ -112,11 +112,6 @@ def _build_frame(layer: UnfoldedLayer, dtype: torch.dtype) -> _Frame:
                   None if bias is None else bias.to(dtype), None if prior is None else prior.to(dtype))
 
 
-def token_prior(f: _Frame, valid: Tensor) -> Tensor | None:
-    """Each token's position-prior log-weight (B, n, H) for the rows `valid` (B, n); None without a prior."""
-    return None if f.prior is None else position_log_prior(f.prior, valid)
-
-
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:
     """ReLU(Y W̃ + b): (B, n, d) -> (B, n, m). The ReLU acts in place on the product (autograd allows it:
     the product's backward does not read its output). Without autograd the bias rides along as one more
@@ -179,6 +174,7 @@ class RotatedStack:
         self._rope: dict[torch.dtype, tuple[Tensor, Tensor]] = {}
         self.X, self.valid = X, valid
         self._next_weights: dict[int, Tensor | None] = {}            # `next_weight`, per layer, once per forward
+        self._priors: dict[int, Tensor] = {}                        # `token_prior` of the whole batch, per frame
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
@@ -210,7 +206,7 @@ class RotatedStack:
         the blocked kernel. Returns the new coordinates (B, n, H, dh) and the pass (ρ = exp)."""
         att = f.layer.attention
         if self.exp:
-            prior = token_prior(f, valid)                          # (B, n, H) or None
+            prior = self.token_prior(f, valid)                     # (B, n, H) or None
             if f.A is None:
                 return anchored_softmax_update(C, P, f.scales, log_nu, valid, alpha, attention, certified=False,
                                                prior=prior)
@@ -227,6 +223,17 @@ class RotatedStack:
         target = (nu * num + Pt) / (nu * deg + 1)                   # (B, H, n, dh)
         U = toward(Ct, target, alpha)
         return U.transpose(1, 2), None
+
+    def token_prior(self, f: _Frame, valid: Tensor) -> Tensor | None:
+        """Each token's position-prior log-weight (B, n, H) for the rows `valid` (B, n); None without a prior. For
+        the whole batch it is computed once per frame and forward (a tied stack's every step and energy share it)."""
+        if f.prior is None:
+            return None
+        if valid is not self.valid:                                 # a subset of rows (the safeguard's retries)
+            return position_log_prior(f.prior, valid)
+        if id(f) not in self._priors:
+            self._priors[id(f)] = position_log_prior(f.prior, valid)
+        return self._priors[id(f)]
 
     def frame(self, ell: int) -> _Frame:
         return self.frames[0 if self.tied else ell]
@@ -343,7 +350,7 @@ class RotatedStack:
             return None
         C = self.heads(Y, f.layer.attention.H)                      # (B, n, H, dh)
         return attention_pass(C, f.scales if f.A is None else None, valid, average=average, metric=f.A,
-                              prior=token_prior(f, valid))
+                              prior=self.token_prior(f, valid))
 
     def _terms(self, f: _Frame, Y: Tensor, Xr: Tensor, valid: Tensor, attention: AttentionPass | None,
                hidden: Tensor | None, hidden_squares: Tensor | None = None, ffn_scale: float | Tensor = 1.0
@@ -367,7 +374,7 @@ class RotatedStack:
             C = self.heads(Y, att.H)                                # (B, n, H, dh) rotated coordinates (rotary)
             Z = E.centred_states(C.reshape(B, n, d), valid)         # (B, n, d)
             e_attention, slopes = E.gram_attention_energy(Z, block_factors(f, d), get_rho(att.rho), valid,
-                                                          slopes=exact, prior=token_prior(f, valid))
+                                                          slopes=exact)
         weight = length_weight(valid) if att.length_norm else None  # 1/n (THEORY §3.7)
         anchor = 0.5 * _total(_row_squares(Y - Xr), valid) / att.lam
         if f.W is None:
@@ -401,7 +408,7 @@ class RotatedStack:
             return e_attention
         rows = far.nonzero()[:, 0]
         exact = E.pair_difference_energy(C.reshape(B, n, d)[rows], block_factors(f, d), att.rho, valid[rows],
-                                         token_prior(f, valid[rows]))
+                                         self.token_prior(f, valid[rows]))
         return e_attention.index_put((rows,), exact)
 
 
