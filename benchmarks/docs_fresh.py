@@ -7,15 +7,15 @@ from pathlib import Path
 
 from docs_common import md
 
-__all__ = ["fresh", "fresh_before_prior"]
+__all__ = ["fresh", "fresh_before_prior", "fresh_paired", "fresh_paired_more_seeds"]
 
 TASK_ORDER = ("digits", "keywords", "listops", "imdb8")
 MODEL_ORDER = ("standard", "joint-tied", "joint-untied", "alternating-tied")
 
 
-def _cells(results: Path, folder: str = "fresh") -> dict[tuple[str, str, float], list[dict]]:
+def _cells(results: Path, folder: str = "fresh", *more: str) -> dict[tuple[str, str, float], list[dict]]:
     cells: dict[tuple[str, str, float], list[dict]] = {}
-    for path in sorted((results / folder).glob("*.json")):
+    for path in sorted(p for f in (folder, *more) for p in (results / f).glob("*.json")):
         r = json.loads(path.read_text())
         cells.setdefault((r["task"], r["model"], r["lr"]), []).append(r)
     return cells
@@ -51,3 +51,38 @@ def fresh(results: Path, folder: str = "fresh") -> str:
                      f"{runs[0]['params']:,}" if runs[0].get("params") else "—",
                      _mean([r["step_ms"] for r in runs], 1, 0)])
     return md(["task", "model", "lr", "seeds", "accuracy %", "train loss", "parameters", "step ms"], rows)
+
+
+def fresh_paired_more_seeds(results: Path) -> str:
+    """`fresh_paired` over seeds 0–4: the suite's cells and the extra seeds in
+    benchmarks/results/fresh/listops-more-seeds/ (not part of the issue's 3-seed targets)."""
+    return fresh_paired(results, ("fresh", "fresh/listops-more-seeds"))
+
+
+def fresh_paired(results: Path, folders: tuple[str, ...] = ("fresh",)) -> str:
+    """Each certified model against `standard` on the same test examples, seed by seed, at the task's default
+    learning rate (cells that record each example's correctness, `correct`): the accuracy difference in points ±
+    its paired standard error over the test examples, √((b + c) − (b − c)²/N)/N with b, c the examples only one
+    model gets right; then the mean difference over seeds ± its standard error over seeds (sd/√seeds)."""
+    cells, rows = _cells(results, *folders), []
+    for task in TASK_ORDER:
+        base = {r["seed"]: r["correct"] for (t, m, _), runs in cells.items() if t == task and m == "standard"
+                for r in runs if r.get("default_lr") and "correct" in r}
+        for model in MODEL_ORDER[1:]:
+            runs = sorted((r for (t, m, _), rs in cells.items() if t == task and m == model for r in rs
+                           if r.get("default_lr") and r["seed"] in base and "correct" in r), key=lambda r: r["seed"])
+            if not runs:
+                continue
+            diffs, texts = [], []
+            for r in runs:
+                ref, own = base[r["seed"]], r["correct"]
+                b = sum(x == "1" and y == "0" for x, y in zip(own, ref))     # only the certified model right
+                c = sum(x == "0" and y == "1" for x, y in zip(own, ref))     # only `standard` right
+                n = len(own)
+                diffs.append(100 * (b - c) / n)
+                texts.append(f"{r['seed']}: {diffs[-1]:+.1f} ± {100 * ((b + c) - (b - c) ** 2 / n) ** 0.5 / n:.1f}")
+            spread = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+            rows.append([task, model, f"{len(runs[0]['correct']):,}", "; ".join(texts),
+                         f"{statistics.mean(diffs):+.1f} ± {spread:.1f}"])
+    return md(["task", "model", "test examples", "seed: difference ± paired SE (points)",
+               "mean over seeds ± SE"], rows)

@@ -184,8 +184,9 @@ def run_cli(model: str, lr: float, seed: int, overrides: dict | None = None, tas
 def listops_baselines(c_grid=(0.1, 1.0, 10.0, 100.0)) -> dict:
     """What simple read-outs of ListOps reach (the diagnosis of the certified models' gap): logistic regression on
     (a) the bag of tokens (each token's frequency in the expression) and (b) the bag plus the identity of the first
-    token (the outermost operator: one position every expression has). The same 2,000 / 500 expressions as the
-    suite (`SETTINGS`); C chosen on the last 400 training expressions, then refitted on all 2,000 and scored once on the test."""
+    token (the outermost operator: one position every expression has). The same training and test expressions as
+    the suite (`SETTINGS`); C chosen on the last 400 training expressions, then refitted on all 2,000 and scored
+    once on the test."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
     ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(2000, seed=0)

@@ -26,6 +26,8 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
   projected back). With the isotropic majoriser of each token's head block, the projected step minimises it over the
   sphere, so every token's energy still falls (tied layers: the blocks are those of the one shared basis);
 - `bias64`: the library's `relative_bias=64`; `stepbias` (with it, tied): a bias table per step besides it;
+- `ffn<k>`: an FFN of k·width hidden units instead of 4·width (the tied model's capacity; `ffn16` gives the tied
+  layer about the standard decoder's parameter count); `wd<x>`: AdamW's weight decay (default 0.1, nanoGPT's);
 - `relbias[K]`: the library's `relative_bias=64` with b = K θ instead of 10 θ (K = 1 by default): pair weights
   e^{b} > 0 in each token's conditional energy. The committed `relbias`, `relbias10` and
   `keysfree-normnone-relbias-lr3e-3` screens ran before the library had the option, through a pass of explicit
@@ -190,21 +192,30 @@ def _step_bias_variant() -> None:
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
     known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere", "bias64", "stepbias"}
-    lam, lr, bias_scale = 1.0, 1e-3, None
+    lam, lr, bias_scale, ffn, wd = 1.0, 1e-3, None, None, 0.1
     for v in variants:
-        if v.startswith("relbias"):
+        if v.startswith("ffn"):
+            ffn = int(v[3:])
+        elif v.startswith("wd"):
+            wd = float(v[2:])
+        elif v.startswith("relbias"):
             bias_scale = float(v[7:] or 1)
         elif v.startswith("lam"):
             lam = float(v[3:])
         elif v.startswith("lr"):
             lr = float(v[2:])
         elif v not in known:
-            raise SystemExit(f"unknown variant {v!r}: choose from {sorted(known)}, lam<λ>, lr<x> or relbias<K>")
+            raise SystemExit(f"unknown variant {v!r}: choose from {sorted(known)}, lam<λ>, lr<x>, "
+                             "ffn<k>, wd<x> or relbias<K>")
     if "strict" in variants:
         causal._softmax_average = _strict_average
     if "rotary" in variants:
         plain = lm_train.decoder_config
         lm_train.decoder_config = lambda cfg: ModelConfig.from_dict({**plain(cfg).to_dict(), "positions": "rotary"})
+    if ffn is not None:
+        four = lm_train.decoder_config
+        lm_train.decoder_config = lambda cfg: ModelConfig.from_dict({**four(cfg).to_dict(),
+                                                                      "ffn_hidden": ffn * cfg.width})
     if "innorm" in variants:
         raw = lm_model.LanguageModel.inputs
 
@@ -234,7 +245,7 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
                                  relative_bias=64 if "bias64" in variants or bias_scale is not None else 0,
                                  seed=seed, eval_interval=max(1, iters // 4),
-                                 eval_windows=100, anchor_weight=lam,
+                                 eval_windows=100, anchor_weight=lam, weight_decay=wd,
                                  attention_norm="none" if "normnone" in variants else "length")
     folder = SCRATCH / "screens" / f"{name}-seed{seed}-iters{iters}"
     lm_train.train(cfg, folder, resume=(folder / "state.pt").is_file(), device="cpu", progress=False)

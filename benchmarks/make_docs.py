@@ -28,7 +28,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 from docs_common import load as _load
 from docs_common import md as _md
 from docs_common import threads_said as _threads
-from docs_fresh import fresh, fresh_before_prior
+from docs_fresh import fresh, fresh_before_prior, fresh_paired, fresh_paired_more_seeds
 from docs_reports import counterexamples, pretrained_descent, probe, reproduction, rho_spread
 from docs_speed import (
     compile_speed,
@@ -548,6 +548,8 @@ def shared_machine(results: Path) -> str:
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "fresh": fresh,
     "fresh-before-prior": fresh_before_prior,
+    "fresh-paired": fresh_paired,
+    "fresh-paired-more-seeds": fresh_paired_more_seeds,
     "headline": headline, "accuracy-full": accuracy_full, "accuracy-reduced": accuracy_reduced,
     "rho-accuracy": rho_accuracy, "study": study, "train-speed": train_speed, "scaling": scaling,
     "peers-seeds": peers_seeds, "energy-speed": energy_speed, "rho-step": rho_step, "rho-cost": rho_cost,
