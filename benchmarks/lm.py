@@ -296,7 +296,10 @@ def _diagnosis() -> list[str]:
                   "besides it — 1.885 against 1.884 without, seed 0, so the tied decoder's remaining gap is not "
                   "the one shared table; `ffn16`: the tied layer's FFN 16·width wide instead of 4·width (334 k "
                   "stored values against 136 k; the standard decoder has 810 k) — 1.897, so the gap is not the FFN's "
-                  "width; `wd0`: no weight decay — 1.883):", "",
+                  "width; `wd0`: no weight decay — 1.883; `sharedffn` / `sharedattn`: the untied decoder (1.828, "
+                  "seed 0) with one FFN, or one attention, shared by its 4 layers — 1.856 and 1.850, so the tied "
+                  "decoder's 0.056 over the untied one splits about evenly between its shared FFN (+0.028) and its "
+                  "shared attention (+0.022): it is the sharing across depth, not one part):", "",
                   "| variants | iterations | val loss | effective keys / visible (last layer) "
                   "| weight on the previous token (last layer) | gate (last layer) |", "|---|---|---|---|---|---|"]
         for path in screens:

@@ -28,6 +28,8 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
 - `bias64`: the library's `relative_bias=64`; `stepbias` (with it, tied): a bias table per step besides it;
 - `ffn<k>`: an FFN of k·width hidden units instead of 4·width (the tied model's capacity; `ffn16` gives the tied
   layer about the standard decoder's parameter count); `wd<x>`: AdamW's weight decay (default 0.1, nanoGPT's);
+- `sharedffn` / `sharedattn`: the untied decoder with one FFN (or one attention) shared by its 4 layers, the other
+  part per layer: which shared part costs the tied decoder its loss;
 - `relbias[K]`: the library's `relative_bias=64` with b = K θ instead of 10 θ (K = 1 by default): pair weights
   e^{b} > 0 in each token's conditional energy. The committed `relbias`, `relbias10` and
   `keysfree-normnone-relbias-lr3e-3` screens ran before the library had the option, through a pass of explicit
@@ -191,7 +193,8 @@ def _step_bias_variant() -> None:
 
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
-    known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere", "bias64", "stepbias"}
+    known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere", "bias64", "stepbias",
+             "sharedffn", "sharedattn"}
     lam, lr, bias_scale, ffn, wd = 1.0, 1e-3, None, None, 0.1
     for v in variants:
         if v.startswith("ffn"):
@@ -239,9 +242,22 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
         causal_layers.RELATIVE_BIAS_SCALE = bias_scale
     if "stepbias" in variants:
         _step_bias_variant()
+    shared = [part for part, name in (("ffn", "sharedffn"), ("attention", "sharedattn")) if name in variants]
+    if shared:
+        build = lm_train.build_model
+
+        def build_shared(cfg, tokenizer):
+            model = build(cfg, tokenizer)
+            layers = model.decoder.layers
+            for layer in layers[1:]:
+                for part in shared:                                  # one module object for every layer
+                    setattr(layer, part, getattr(layers[0], part))
+            return model
+        lm_train.build_model = build_shared
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
-    cfg = lm_train.LMTrainConfig(model="certified-untied" if "untied" in variants else "certified", iters=iters,
+    untied = "untied" in variants or bool(shared)
+    cfg = lm_train.LMTrainConfig(model="certified-untied" if untied else "certified", iters=iters,
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
                                  relative_bias=64 if "bias64" in variants or bias_scale is not None else 0,
                                  seed=seed, eval_interval=max(1, iters // 4),
