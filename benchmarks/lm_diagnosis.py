@@ -212,13 +212,15 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
                              "ffn<k>, wd<x> or relbias<K>")
     if "strict" in variants:
         causal._softmax_average = _strict_average
-    if "rotary" in variants:
+    if "rotary" in variants or ffn is not None:                    # decoder fields the LM config does not set
         plain = lm_train.decoder_config
-        lm_train.decoder_config = lambda cfg: ModelConfig.from_dict({**plain(cfg).to_dict(), "positions": "rotary"})
-    if ffn is not None:
-        four = lm_train.decoder_config
-        lm_train.decoder_config = lambda cfg: ModelConfig.from_dict({**four(cfg).to_dict(),
-                                                                      "ffn_hidden": ffn * cfg.width})
+
+        def decoder_config(cfg):
+            fields = {"positions": "rotary"} if "rotary" in variants else {}
+            if ffn is not None:
+                fields["ffn_hidden"] = ffn * cfg.width
+            return ModelConfig.from_dict({**plain(cfg).to_dict(), **fields})
+        lm_train.decoder_config = decoder_config
     if "innorm" in variants:
         raw = lm_model.LanguageModel.inputs
 
