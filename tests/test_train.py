@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from unfoldformer.data.batching import BucketBatchSampler, TokenizedDataset, eva
 from unfoldformer.train import KINDS, CheckpointError, ConfigError, TrainConfig, evaluate_checkpoint, train
 from unfoldformer.train.build import build_classifier, lr_factor
 from unfoldformer.train.checkpoint import load_train_state, load_weights
+from unfoldformer.train.distributed import distributed_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -310,6 +312,31 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_distributed_run_waits_for_every_rank_then_destroys_the_group(fails, monkeypatch):
+    """A clean exit: barrier (rank 0 has written its files), then the group destroyed; an exception: the group
+    destroyed without a barrier (another rank may never reach it) and the exception raised. A one-process gloo
+    group stands in for torchrun's."""
+    import torch.distributed as dist
+    calls = []
+    for name in ("barrier", "destroy_process_group"):
+        real = getattr(dist, name)
+        monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k)))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    cfg = TrainConfig()
+    try:
+        with pytest.raises(RuntimeError, match="rank failed") if fails else nullcontext():
+            with distributed_run(cfg) as info:
+                assert info.rank == 0 and dist.is_initialized()
+                if fails:
+                    raise RuntimeError("rank failed")
+    finally:
+        if dist.is_initialized():          # the test's own clean-up where teardown did not happen
+            dist.destroy_process_group()
+    assert calls == (["destroy_process_group"] if fails else ["barrier", "destroy_process_group"])
+    assert not dist.is_initialized()
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from ..persist import save_model
 from ..runs import folder_lock, new_run_id
 from ..train.build import lr_factor
 from ..train.checkpoint import load_train_state, save_train_state
-from ..train.distributed import DistInfo, setup_distributed
+from ..train.distributed import DistInfo, distributed_run
 from ..utils import atomic_write_text, environment, write_json
 from .config import DistillConfig
 from .corpus import Corpus, build_corpus, corpus_texts
@@ -162,13 +162,13 @@ def _start(cfg: DistillConfig, out: Path, resume: bool) -> dict | None:
 
 def distill(cfg: DistillConfig, resume: bool = False) -> dict:
     """Run (or resume) the distillation of `cfg`; returns the summary (module doc)."""
-    # setup_distributed reads only the device of a TrainConfig's `run` section
-    dist = setup_distributed(types.SimpleNamespace(run=types.SimpleNamespace(device=cfg.device)))
-    out = Path(cfg.out)
-    if dist.main:
-        with folder_lock(out, "distill"):
-            return _Run(cfg, out, dist, _start(cfg, out, resume)).run()
-    return _Run(cfg, out, dist, _start(cfg, out, resume)).run()
+    # distributed_run reads only the device of a TrainConfig's `run` section
+    with distributed_run(types.SimpleNamespace(run=types.SimpleNamespace(device=cfg.device))) as dist:
+        out = Path(cfg.out)
+        if dist.main:
+            with folder_lock(out, "distill"):
+                return _Run(cfg, out, dist, _start(cfg, out, resume)).run()
+        return _Run(cfg, out, dist, _start(cfg, out, resume)).run()
 
 
 class _Run:

@@ -58,7 +58,7 @@ from .checkpoint import (
     table_sha256,
     weights_sha256,
 )
-from .distributed import DistInfo, setup_distributed
+from .distributed import DistInfo, distributed_run, setup_distributed
 from .evaluate import EvalSums, encoder_depth, evaluate, in_training_eval_batches
 from .figures import FIGURES, plot_run
 from .watch import MetricsLog, curve_statistics, grad_norm
@@ -434,17 +434,12 @@ def train(cfg: TrainConfig, resume: bool = False, *, config_file: str | os.PathL
     """
     cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")), check_output=True)
     main = int(os.environ.get("RANK", "0")) == 0
-    import torch.distributed as dist
     with folder_lock(cfg.run.out_dir, "train") if main else nullcontext():
         if main:
             claim_run_folder(cfg.run.out_dir, RUN_FILES, resume=resume, overwrite=cfg.run.overwrite,
                              **run_inputs(cfg, config_file))
-        info = setup_distributed(cfg)
-        torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
-        if cfg.run.deterministic:
-            torch.use_deterministic_algorithms(True)
-        try:
+        with distributed_run(cfg) as info:
+            torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
+            if cfg.run.deterministic:
+                torch.use_deterministic_algorithms(True)
             return Trainer(cfg, info, resume).run()
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
