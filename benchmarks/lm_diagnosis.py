@@ -28,6 +28,10 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
 - `bias64`: the library's `relative_bias=64`; `stepbias` (with it, tied): a bias table per step besides it;
 - `ffn<k>`: an FFN of k·width hidden units instead of 4·width (the tied model's capacity; `ffn16` gives the tied
   layer about the standard decoder's parameter count); `wd<x>`: AdamW's weight decay (default 0.1, nanoGPT's);
+- `standardtied`: the standard pre-LN GPT decoder with one block shared by its 4 layers (all other variants
+  apply to the certified decoder): what tying the layers costs a decoder that is not certified;
+- `learnsteps`: the library's `learn_steps=True` (the step size α and the FFN weight γ learned, one pair per
+  layer; a tied decoder's steps share one);
 - `sharedffn` / `sharedattn`: the untied decoder with one FFN (or one attention) shared by its 4 layers, the other
   part per layer: which shared part costs the tied decoder its loss;
 - `relbias[K]`: the library's `relative_bias=64` with b = K θ instead of 10 θ (K = 1 by default): pair weights
@@ -45,7 +49,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F_nn
-from torch import Tensor
+from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -194,7 +198,7 @@ def _step_bias_variant() -> None:
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
     known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere", "bias64", "stepbias",
-             "sharedffn", "sharedattn"}
+             "sharedffn", "sharedattn", "learnsteps", "standardtied"}
     lam, lr, bias_scale, ffn, wd = 1.0, 1e-3, None, None, 0.1
     for v in variants:
         if v.startswith("ffn"):
@@ -212,13 +216,15 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
                              "ffn<k>, wd<x> or relbias<K>")
     if "strict" in variants:
         causal._softmax_average = _strict_average
-    if "rotary" in variants or ffn is not None:                    # decoder fields the LM config does not set
+    if "rotary" in variants or ffn is not None or "learnsteps" in variants:   # decoder fields the LM config lacks
         plain = lm_train.decoder_config
 
         def decoder_config(cfg):
             fields = {"positions": "rotary"} if "rotary" in variants else {}
             if ffn is not None:
                 fields["ffn_hidden"] = ffn * cfg.width
+            if "learnsteps" in variants:
+                fields["learn_steps"] = True
             return ModelConfig.from_dict({**plain(cfg).to_dict(), **fields})
         lm_train.decoder_config = decoder_config
     if "innorm" in variants:
@@ -256,10 +262,20 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
                     setattr(layer, part, getattr(layers[0], part))
             return model
         lm_train.build_model = build_shared
+    if "standardtied" in variants:
+        build = lm_train.build_model
+
+        def build_tied_gpt(cfg, tokenizer):
+            model = build(cfg, tokenizer)
+            blocks = model.decoder.blocks
+            model.decoder.blocks = nn.ModuleList([blocks[0]] * len(blocks))   # one GPT block applied 4 times
+            return model
+        lm_train.build_model = build_tied_gpt
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
     untied = "untied" in variants or bool(shared)
-    cfg = lm_train.LMTrainConfig(model="certified-untied" if untied else "certified", iters=iters,
+    kind = "standard" if "standardtied" in variants else "certified-untied" if untied else "certified"
+    cfg = lm_train.LMTrainConfig(model=kind, iters=iters,
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
                                  relative_bias=64 if "bias64" in variants or bias_scale is not None else 0,
                                  seed=seed, eval_interval=max(1, iters // 4),
@@ -272,7 +288,7 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
     result = lm_train.evaluate_model(model, val)
     path = OUT / f"screen-{name}-seed{seed}-iters{iters}.json"
     write_json(path, {"variants": variants, "seed": seed, "iters": iters, "val_loss": result["val_loss"],
-                      "stats": attention_statistics(folder, strict="strict" in variants)})
+                      "stats": [] if kind == "standard" else attention_statistics(folder, strict="strict" in variants)})
     print(f"{path}: val loss {result['val_loss']:.4f}", flush=True)
     return path
 
