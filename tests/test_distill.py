@@ -188,3 +188,26 @@ def test_distill_resumes_after_sigkill_bit_for_bit(sst2_dir, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     loss = lambda p: [line.split(",")[:6] for line in (p / "metrics.csv").read_text().splitlines()]  # noqa: E731
     assert loss(killed) == loss(straight) and len(loss(straight)) == 1 + 6 + 2   # header, 6 logged, 2 held-out
+
+
+@pytest.mark.slow
+def test_distill_under_torchrun_two_processes_ends_cleanly(sst2_dir, tmp_path):
+    """Two CPU ranks (gloo) through torchrun: both exit 0 after rank 0 has written every file (the teardown waits
+    for all ranks), the global batch is sharded without dropping a window, and rank 0 logs every row."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "unfoldformer", "distill", *TINY,
+           "--data-dir", str(sst2_dir), "--out", str(out)]
+    result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["windows"] == 72 - 8 and summary["held_out"] == 8
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6 + 2                                  # header, 6 logged, 2 held-out
+    from safetensors.torch import load_file
+    weights = load_file(out / "model" / "model.safetensors")
+    assert weights and all(torch.isfinite(w).all() for w in weights.values())
