@@ -163,3 +163,48 @@ def test_the_defaults_are_the_recommended_decoder_and_old_settings_keep_theirs()
     old.pop("relative_bias")                                       # a train.json written before the field
     assert decoder_config(LMTrainConfig.from_dict(old)).relative_bias == 0
     assert LMTrainConfig.from_dict(vars(LMTrainConfig(model="certified").check())).relative_bias == 64
+
+
+def test_batch_must_split_evenly_over_torchrun_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    with pytest.raises(Exception, match="--batch 3 must be a multiple of the 2 processes"):
+        lm_train.train(LMTrainConfig(data=str(data), batch=3, iters=1), tmp_path / "run")
+    assert not (tmp_path / "run").exists()                         # refused before anything is written
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_train_on_the_global_batch(tmp_path):
+    """torchrun, two gloo ranks, each on half of every batch: the logged loss at the first step (the initial
+    weights, before any update) is the single process's on the whole batch up to float32 round-off (another
+    summation order, other matrix shapes), and rank 0 writes a complete run that resumes."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import close_tol
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    args = ["--data", str(data), "--iters", "2", "--eval-interval", "1", "--no-progress", *TINY[:10]]
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+                "--master_addr", "127.0.0.1", "--master_port", str(port)]
+    for cmd in (torchrun + ["-m", "unfoldformer", "lm", "train", "--out", str(ddp), *args],
+                [sys.executable, "-m", "unfoldformer", "lm", "train", "--out", str(single), *args]):
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows = [[line.split(",") for line in (run / "metrics.csv").read_text().splitlines()] for run in (ddp, single)]
+    assert len(rows[0]) == len(rows[1]) == 3                       # header + steps 1 and 2
+    assert [r[:2] for r in rows[0]] == [r[:2] for r in rows[1]]     # steps and learning rates
+    first_ddp, first_single = float(rows[0][1][2]), float(rows[1][1][2])
+    assert abs(first_ddp - first_single) <= close_tol(torch.float32, first_single)
+    assert json.loads((ddp / "train.json").read_text()) == json.loads((single / "train.json").read_text())
+    assert main(["lm", "train", "--out", str(ddp), "--resume", "--no-progress"]) == 0   # complete: nothing to do

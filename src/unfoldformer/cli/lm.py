@@ -8,6 +8,7 @@
 Defaults are nanoGPT's CPU configuration of its character Shakespeare model. The data: a named corpus under
 $UNFOLDFORMER_DATA (`tinyshakespeare`, checked by its sha256) or any UTF-8 text file; first 90 % train, last 10 %
 validation. Run folders: `lm.train` (config.json, model.safetensors, train.json, state.pt, metrics.csv).
+DDP: `torchrun --nproc_per_node N -m unfoldformer lm train ...` (`--batch` a multiple of N; rank 0 writes).
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def _train(args: argparse.Namespace, device: str) -> int:
         raise ConfigError(f"--resume continues the run with its saved settings; drop {', '.join(sorted(given))}")
     cfg = LMTrainConfig(**given).check()
     row = train(cfg, args.out, resume=args.resume, device=device, progress=not args.no_progress)
-    print(f"{args.out}: step {row.get('step')}, val loss {row.get('val_loss', float('nan')):.4f}")
+    if row:                                         # under torchrun only rank 0 has the run's rows
+        print(f"{args.out}: step {row.get('step')}, val loss {row.get('val_loss', float('nan')):.4f}")
     return 0
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -26,6 +28,7 @@ from ..persist import save_model
 from ..persist.manifest import run_folder_kind
 from ..runs import check_at_least, check_output_apart, check_output_location, resolve_device
 from ..train.build import lr_factor
+from ..train.distributed import DistInfo, distributed_run
 from ..utils import atomic_write_bytes, atomic_write_text, write_json
 from .data import batches, corpus_path, load_text, split, validation_windows
 from .model import LanguageModel, LMConfig
@@ -203,8 +206,12 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
           progress: bool = True) -> dict:
     """Train (or resume) a run in `out`; returns the final metrics row (with the final whole-split val_loss).
 
+    Under torchrun (WORLD_SIZE > 1, DDP like `unfoldformer train`): every rank draws the same global batch of
+    `batch` windows and trains on its rows (every world-th), the gradients averaged; the logged train loss is the
+    mean over ranks, the global batch's; rank 0 evaluates and writes every file (the other ranks return {}).
+
     Refused before any work: `out` holding another command's run, or a file the run writes (`RUN_FILES`) that is
-    the `--data` file (`check_output_apart`: `OutputError`)."""
+    the `--data` file (`check_output_apart`: `OutputError`); `batch` not a multiple of the processes."""
     out = check_output_location("--out", out)
     device = resolve_device(device)
     if resume:
@@ -217,7 +224,17 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
         raise ConfigError(f"--out {out}: is {kind}, not a language-model run; its files would be "
                           "overwritten: choose another --out")
     cfg.check()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.batch % world:
+        raise ConfigError(f"--batch {cfg.batch} must be a multiple of the {world} processes (torchrun)")
     check_output_apart("--out", [out / name for name in RUN_FILES], {"--data file": corpus_path(cfg.data)[0]})
+    # every rank has checked the folder before the group forms, so before rank 0 writes into it
+    with distributed_run(SimpleNamespace(run=SimpleNamespace(device=device))) as info:
+        return _train(cfg, out, resume, info, progress)
+
+
+def _train(cfg: LMTrainConfig, out: Path, resume: bool, info: DistInfo, progress: bool) -> dict:
+    device, rank, world = info.device, info.rank, info.world
     text = load_text(cfg.data)
     tokenizer = CharTokenizer.from_text(text)
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
@@ -233,19 +250,25 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
         step, rows, elapsed = state["step"], state["rows"], state["elapsed"]
-    else:
+    elif info.main:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "train.json", asdict(cfg))
+    forward = model
+    if world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        forward = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     from tqdm import tqdm
-    bar = tqdm(total=cfg.iters, initial=step, disable=not progress, mininterval=1.0, desc=f"lm {cfg.model}")
+    bar = tqdm(total=cfg.iters, initial=step, disable=not (progress and info.main), mininterval=1.0,
+               desc=f"lm {cfg.model}")
     loss_sum, loss_count, tokens, clock = 0.0, 0, 0, time.perf_counter()
     while step < cfg.iters:
         model.train()
         lr = cfg.lr * lr_factor(step, cfg.warmup, cfg.iters, cfg.min_lr / cfg.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, y = batches(train_ids, cfg.context, cfg.batch, generator)
-        _, loss = model(x.to(device), y.to(device))
+        x, y = batches(train_ids, cfg.context, cfg.batch, generator)           # (batch, context): every rank's
+        _, loss = forward(x[rank::world].to(device), y[rank::world].to(device))   # this rank's rows
         if not torch.isfinite(loss):
             raise ConfigError(f"the training loss is not finite at step {step + 1} ({float(loss)}); lower --lr")
         optimizer.zero_grad(set_to_none=True)
@@ -253,10 +276,14 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         step += 1
-        loss_sum, loss_count, tokens = loss_sum + loss.item(), loss_count + 1, tokens + x.numel()
+        reported = loss.detach()
+        if world > 1:                                  # equal shares: the mean of the ranks' means, the batch's
+            dist.all_reduce(reported)
+            reported = reported / world
+        loss_sum, loss_count, tokens = loss_sum + reported.item(), loss_count + 1, tokens + x.numel()
         bar.update()
         bar.set_postfix(loss=f"{loss_sum / loss_count:.4f}", refresh=False)
-        if step % cfg.eval_interval == 0 or step == cfg.iters:
+        if (step % cfg.eval_interval == 0 or step == cfg.iters) and info.main:
             now = time.perf_counter()
             elapsed += now - clock
             val = evaluate_model(model, val_ids, windows=cfg.eval_windows, device=device)
@@ -264,6 +291,7 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
                          "tokens_per_s": tokens / max(now - clock, 1e-9), "elapsed_s": elapsed})
             _save(out, model, optimizer, step, generator, rows, elapsed)
             bar.write(f"step {step}: train loss {rows[-1]['train_loss']:.4f}, val loss {val['val_loss']:.4f}")
+        if step % cfg.eval_interval == 0 or step == cfg.iters:
             loss_sum, loss_count, tokens, clock = 0.0, 0, 0, time.perf_counter()
     bar.close()
-    return rows[-1] if rows else {}
+    return rows[-1] if rows and info.main else {}
