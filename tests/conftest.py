@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import random
+import socket
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,6 +63,19 @@ def examples(n: int) -> settings:
 
 
 # ----------------------------------------------------------------------------- tolerances
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str, nproc: int = 2) -> list[str]:
+    """The command that runs `python -m torch.distributed.run` with `nproc` local processes, then `args`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--nnodes", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
+
+
 def close_tol(dtype: torch.dtype, scale: float = 1.0) -> float:
     """Absolute tolerance for two computations of one quantity of magnitude `scale` in `dtype`."""
     return 64 * torch.finfo(dtype).eps * max(float(scale), 1e-300)

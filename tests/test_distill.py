@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, rises
+from conftest import assert_close, rises, torchrun
 from unfoldformer.config import ModelConfig
 from unfoldformer.errors import ConfigError, OutputError
 
@@ -194,14 +194,8 @@ def test_distill_resumes_after_sigkill_bit_for_bit(sst2_dir, tmp_path):
 def test_distill_under_torchrun_two_processes_ends_cleanly(sst2_dir, tmp_path):
     """Two CPU ranks (gloo) through torchrun: both exit 0 after rank 0 has written every file (the teardown waits
     for all ranks), the global batch is sharded without dropping a window, and rank 0 logs every row."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "unfoldformer", "distill", *TINY,
-           "--data-dir", str(sst2_dir), "--out", str(out)]
+    cmd = torchrun("-m", "unfoldformer", "distill", *TINY, "--data-dir", str(sst2_dir), "--out", str(out))
     result = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -1,10 +1,17 @@
 """The language model: cache = full forward, generation, save/load, `unfoldformer lm` end to end and its errors."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import unfoldformer.lm.train as lm_train
+from conftest import close_tol, torchrun
 from unfoldformer.cli import main
 from unfoldformer.lm import CharTokenizer, LanguageModel
 from unfoldformer.lm.train import LMTrainConfig, build_model
@@ -179,25 +186,13 @@ def test_ddp_two_cpu_processes_train_on_the_global_batch(tmp_path):
     """torchrun, two gloo ranks, each on half of every batch: the logged loss at the first step (the initial
     weights, before any update) is the single process's on the whole batch up to float32 round-off (another
     summation order, other matrix shapes), and rank 0 writes a complete run that resumes."""
-    import json
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from conftest import close_tol
     data = tmp_path / "text.txt"
     data.write_text(TEXT, encoding="utf-8")
     args = ["--data", str(data), "--iters", "2", "--eval-interval", "1", "--no-progress", *TINY[:10]]
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ddp, single = tmp_path / "ddp", tmp_path / "single"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-                "--master_addr", "127.0.0.1", "--master_port", str(port)]
-    for cmd in (torchrun + ["-m", "unfoldformer", "lm", "train", "--out", str(ddp), *args],
+    for cmd in (torchrun("-m", "unfoldformer", "lm", "train", "--out", str(ddp), *args),
                 [sys.executable, "-m", "unfoldformer", "lm", "train", "--out", str(single), *args]):
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]

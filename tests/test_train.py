@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY_TRAIN as TINY
-from conftest import assert_close, close_tol
+from conftest import assert_close, close_tol, free_port, torchrun
 from unfoldformer import cli
 from unfoldformer.data.batching import BucketBatchSampler, TokenizedDataset, eval_batches, shard
 from unfoldformer.train import KINDS, CheckpointError, ConfigError, TrainConfig, evaluate_checkpoint, train
@@ -308,12 +307,6 @@ def test_resume_after_sigkill_is_bitwise_identical(sst2_dir, tmp_path):
     assert run_ids == {saved} == {load_weights(killed / "last.safetensors")[2]["run_id"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("fails", [False, True])
 def test_distributed_run_waits_for_every_rank_then_destroys_the_group(fails, monkeypatch):
     """A clean exit: barrier (rank 0 has written its files), then the group destroyed; an exception: the group
@@ -324,11 +317,10 @@ def test_distributed_run_waits_for_every_rank_then_destroys_the_group(fails, mon
     for name in ("barrier", "destroy_process_group"):
         real = getattr(dist, name)
         monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k)))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    cfg = TrainConfig()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         with pytest.raises(RuntimeError, match="rank failed") if fails else nullcontext():
-            with distributed_run(cfg) as info:
+            with distributed_run("cpu") as info:
                 assert info.rank == 0 and dist.is_initialized()
                 if fails:
                     raise RuntimeError("rank failed")
@@ -344,9 +336,8 @@ def test_ddp_two_cpu_processes_match_single_process(sst2_dir, tmp_path):
     args = ["--data.max_train_examples", "96", "--data.max_eval_examples", "40", "--run.checkpoint_every", "0",
             "--optim.epochs", "1"]
     ddp_out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "unfoldformer", "train",
-           *TINY, "--data.data_dir", str(sst2_dir), "--model.ffn_hidden", "32", *args, "--run.out_dir", str(ddp_out)]
+    cmd = torchrun("-m", "unfoldformer", "train", *TINY, "--data.data_dir", str(sst2_dir), "--model.ffn_hidden", "32",
+                   *args, "--run.out_dir", str(ddp_out))
     result = subprocess.run(cmd, env=_python_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((ddp_out / "summary.json").read_text())

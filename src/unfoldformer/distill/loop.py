@@ -22,7 +22,6 @@ import io
 import json
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -162,8 +161,7 @@ def _start(cfg: DistillConfig, out: Path, resume: bool) -> dict | None:
 
 def distill(cfg: DistillConfig, resume: bool = False) -> dict:
     """Run (or resume) the distillation of `cfg`; returns the summary (module doc)."""
-    # distributed_run reads only the device of a TrainConfig's `run` section
-    with distributed_run(types.SimpleNamespace(run=types.SimpleNamespace(device=cfg.device))) as dist:
+    with distributed_run(cfg.device) as dist:
         out = Path(cfg.out)
         if dist.main:
             with folder_lock(out, "distill"):
@@ -279,5 +277,4 @@ class _Run:
                                              f"run {self.run_id}"}
             save_model(self.student, self.out / "model")        # inside its own run folder
             write_json(self.out / "summary.json", summary)
-        _barrier(self.dist)
         return summary

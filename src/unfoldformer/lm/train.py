@@ -18,7 +18,6 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -229,7 +228,7 @@ def train(cfg: LMTrainConfig, out: str | Path, *, resume: bool = False, device: 
         raise ConfigError(f"--batch {cfg.batch} must be a multiple of the {world} processes (torchrun)")
     check_output_apart("--out", [out / name for name in RUN_FILES], {"--data file": corpus_path(cfg.data)[0]})
     # every rank has checked the folder before the group forms, so before rank 0 writes into it
-    with distributed_run(SimpleNamespace(run=SimpleNamespace(device=device))) as info:
+    with distributed_run(device) as info:
         return _train(cfg, out, resume, info, progress)
 
 
@@ -283,7 +282,9 @@ def _train(cfg: LMTrainConfig, out: Path, resume: bool, info: DistInfo, progress
         loss_sum, loss_count, tokens = loss_sum + reported.item(), loss_count + 1, tokens + x.numel()
         bar.update()
         bar.set_postfix(loss=f"{loss_sum / loss_count:.4f}", refresh=False)
-        if (step % cfg.eval_interval == 0 or step == cfg.iters) and info.main:
+        if not (step % cfg.eval_interval == 0 or step == cfg.iters):
+            continue
+        if info.main:
             now = time.perf_counter()
             elapsed += now - clock
             val = evaluate_model(model, val_ids, windows=cfg.eval_windows, device=device)
@@ -291,7 +292,6 @@ def _train(cfg: LMTrainConfig, out: Path, resume: bool, info: DistInfo, progress
                          "tokens_per_s": tokens / max(now - clock, 1e-9), "elapsed_s": elapsed})
             _save(out, model, optimizer, step, generator, rows, elapsed)
             bar.write(f"step {step}: train loss {rows[-1]['train_loss']:.4f}, val loss {val['val_loss']:.4f}")
-        if step % cfg.eval_interval == 0 or step == cfg.iters:
-            loss_sum, loss_count, tokens, clock = 0.0, 0, 0, time.perf_counter()
+        loss_sum, loss_count, tokens, clock = 0.0, 0, 0, time.perf_counter()
     bar.close()
     return rows[-1] if rows and info.main else {}

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..recipe import TrainConfig
 from ..runs import resolve_device
 
 __all__ = ["DistInfo", "distributed_run", "setup_distributed"]
@@ -29,12 +28,13 @@ class DistInfo:
         return self.rank == 0
 
 
-def setup_distributed(cfg: TrainConfig) -> DistInfo:
-    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start gloo (CPU) or nccl (GPU) when WORLD_SIZE > 1."""
+def setup_distributed(device: str) -> DistInfo:
+    """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK; start gloo (CPU) or nccl (GPU) when WORLD_SIZE > 1.
+    `device`: the run's device option (auto | cpu | cuda[:i] | mps); a bare cuda becomes cuda:LOCAL_RANK."""
     import torch.distributed as dist
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device(resolve_device(cfg.run.device))
+    device = torch.device(resolve_device(device))
     cuda = device.type == "cuda"
     if cuda and device.index is None:
         device = torch.device(f"cuda:{local_rank}")
@@ -46,19 +46,19 @@ def setup_distributed(cfg: TrainConfig) -> DistInfo:
 
 
 @contextmanager
-def distributed_run(cfg: TrainConfig) -> Iterator[DistInfo]:
-    """`setup_distributed`, and the process group's teardown when the block ends (a no-op for one process).
+def distributed_run(device: str) -> Iterator[DistInfo]:
+    """`setup_distributed(device)`, and the process group's teardown when the block ends (a no-op for one process).
 
     On a clean exit every rank waits at a barrier until all have finished (rank 0 writes the run's last files
     after the final collective), then the block's objects are collected (a `DistributedDataParallel` wrapper
     holds the group) and the group is destroyed. Measured without the barrier and collection: a gloo rank that
     left while rank 0 was still writing aborted at interpreter exit ("terminate called without an active
     exception", exit -6) in 2 of 42 two-process runs, and torchrun then killed rank 0 mid-run; with both, in none
-    of 120 (`tests/test_train.py`'s DDP run, repeated). On an exception
-    there is no barrier (the other ranks may never reach it); the group is destroyed as it stands.
+    of 120 (`tests/test_train.py`'s DDP run, repeated). On an exception there is no barrier (the other ranks may
+    never reach it); the group is destroyed as it stands.
     """
     import torch.distributed as dist
-    info = setup_distributed(cfg)
+    info = setup_distributed(device)
     try:
         yield info
     except BaseException:

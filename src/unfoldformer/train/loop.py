@@ -438,7 +438,7 @@ def train(cfg: TrainConfig, resume: bool = False, *, config_file: str | os.PathL
         if main:
             claim_run_folder(cfg.run.out_dir, RUN_FILES, resume=resume, overwrite=cfg.run.overwrite,
                              **run_inputs(cfg, config_file))
-        with distributed_run(cfg) as info:
+        with distributed_run(cfg.run.device) as info:
             torch.set_num_threads(cfg.run.threads or max(1, (os.cpu_count() or 1) // info.local_world))
             if cfg.run.deterministic:
                 torch.use_deterministic_algorithms(True)
