@@ -38,18 +38,23 @@ RESULTS = ROOT / "benchmarks" / "results" / "lm"
 SCRATCH = Path(os.environ.get("UNFOLDFORMER_SCRATCH", "/tmp/unfoldformer-lm-runs"))
 MODELS = ("standard", "certified", "certified-untied")
 #: Timed by `time`: (row name, model, LMTrainConfig overrides); the free-key rows are the `-normnone-keysfree` runs.
-_FREE = dict(keys="free", attention_norm="none", relative_bias=0)
-_TIED = dict(keys="tied", attention_norm="length", relative_bias=0)
+_FREE = dict(keys="free", attention_norm="none", relative_bias=0, basis="learned")
+_TIED = dict(keys="tied", attention_norm="length", relative_bias=0, basis="learned")
 TIMED = (("standard", "standard", {}), ("certified", "certified", _TIED),
          ("certified-untied", "certified-untied", _TIED),
          ("certified-normnone-keysfree", "certified", _FREE),
          ("certified-untied-normnone-keysfree", "certified-untied", _FREE),
          ("certified-normnone-keysfree-relbias64", "certified", _FREE | dict(relative_bias=64)),
-         ("certified-untied-normnone-keysfree-relbias64", "certified-untied", _FREE | dict(relative_bias=64)))
+         ("certified-untied-normnone-keysfree-relbias64", "certified-untied", _FREE | dict(relative_bias=64)),
+         ("certified-normnone-keysfree-relbias64-basisnone", "certified", _FREE | dict(relative_bias=64, basis="none")),
+         ("certified-untied-normnone-keysfree-relbias64-basisnone", "certified-untied",
+          _FREE | dict(relative_bias=64, basis="none")))
 #: The issue's targets: (model row, margin over the standard decoder's mean).
 TARGETS = (("certified-untied", 0.03), ("certified", 0.05), ("certified-untied-normnone-keysfree", 0.03),
            ("certified-normnone-keysfree", 0.05), ("certified-untied-normnone-keysfree-relbias64-lr0.003", 0.03),
-           ("certified-normnone-keysfree-relbias64-lr0.003", 0.05))
+           ("certified-normnone-keysfree-relbias64-lr0.003", 0.05),
+           ("certified-untied-normnone-keysfree-relbias64-basisnone-lr0.003", 0.03),
+           ("certified-normnone-keysfree-relbias64-basisnone-lr0.003", 0.05))
 NANOGPT_VAL_LOSS = 1.88
 
 
@@ -112,13 +117,15 @@ def _variant(lam: float, norm: str, bound: str, gamma: float = 1.0) -> str:
 
 def run(model_name: str, seed: int, iters: int, lam: float = 1.0, norm: str = "length", bound: str = "none",
         val_windows: int | None = None, width: int = 128, gamma: float = 1.0, lr: float = 1e-3,
-        keys: str = "tied", relative_bias: int = 0) -> Path:
+        keys: str = "tied", relative_bias: int = 0, basis: str = "learned") -> Path:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     cfg = LMTrainConfig(model=model_name, seed=seed, iters=iters, eval_interval=max(1, iters // 4), eval_windows=100,
                         anchor_weight=lam, ffn_weight=gamma, attention_norm=norm, ffn_bound=bound, width=width,
-                        lr=lr, min_lr=lr / 10, keys=keys, relative_bias=relative_bias)
+                        lr=lr, min_lr=lr / 10, keys=keys, relative_bias=relative_bias,
+                        basis=basis)
     variant = ((_variant(lam, norm, bound, gamma) + ("" if keys == "tied" else f"-keys{keys}")
-                + ("" if not relative_bias else f"-relbias{relative_bias}") if model_name != "standard" else "")
+                + ("" if not relative_bias else f"-relbias{relative_bias}")
+                + ("" if basis == "learned" else f"-basis{basis}") if model_name != "standard" else "")
                + ("" if width == 128 else f"-w{width}") + ("" if lr == 1e-3 else f"-lr{lr:g}"))
     folder = SCRATCH / f"{model_name}{variant}-seed{seed}-iters{iters}"
     resume = (folder / "state.pt").is_file()
@@ -209,7 +216,9 @@ def table() -> str:
              "token's step still certified), with `-normnone` (λ instead of λ/m_i). `-relbiasK`: learned pair "
              "biases b_h(i − j) for the offsets below K (`--relative-bias K`: each pair of a token's conditional "
              "energy weighted by e^{b}, every token's step still certified; docs/theory.md §4d), so that a head can "
-             "prefer an offset, such as the previous character. "
+             "prefer an offset, such as the previous character. `-basisnone`: no learned orthogonal head basis "
+             "(`--basis none`, the heads contiguous blocks of the state; each layer's learned basis is a matrix "
+             "exponential and its gradient every step). "
              "Guide: [A certified language model](../guides/language-model.md).", "",
              "| model | seed | iterations | parameters | val loss | tokens/s (train, 1 thread) "
              "| tokens never rising |", "|---|---|---|---|---|---|---|"]
@@ -226,11 +235,13 @@ def table() -> str:
         t = json.loads(times.read_text())
         lines += ["", "Step time (one thread, one process, the models alternated: the median of 7 rounds of 4 "
                   "steps each, after 3 warm-up steps; `python benchmarks/lm.py time`):", "",
-                  "| model | ms / step | 2,000 iterations | parameters |", "|---|---|---|---|"]
+                  "| model | ms / step | speed against standard | 2,000 iterations | parameters |",
+                  "|---|---|---|---|---|"]
         for name, _, _ in TIMED:
             if name in t:
-                lines.append(f"| {name} | {1e3 * t[name]['step_s']:.1f} | {t[name]['iters_2000_min']:.1f} min "
-                             f"| {t[name]['params']:,} |")
+                speed = t["standard"]["step_s"] / t[name]["step_s"] if "standard" in t else float("nan")
+                lines.append(f"| {name} | {1e3 * t[name]['step_s']:.1f} | {speed:.2f}× "
+                             f"| {t[name]['iters_2000_min']:.1f} min | {t[name]['params']:,} |")
     lines += _diagnosis() + _ablation()
     if (ROOT / "docs" / "img" / "lm-token-energies.png").is_file():
         lines += ["", f"Each generated character's conditional energy at every layer of `{FIGURE_RUN}` (seed 0; the "
@@ -423,6 +434,8 @@ def main() -> int:
                    "(per-head maps A_h, K_h; causal.py) or the preset's tied ones")
     r.add_argument("--relative-bias", type=int, default=0, help="certified: learned pair biases b_h(i − j) for the "
                    "offsets below this (causal.py; default 0: none)")
+    r.add_argument("--basis", choices=("learned", "none"), default="learned", help="certified: a learned orthogonal "
+                   "head basis per distinct layer, or none (contiguous head blocks)")
     r.add_argument("--val-windows", type=int, default=None, help="only the first N validation windows (default all)")
     sub.add_parser("table")
     fig = sub.add_parser("figure")
@@ -433,7 +446,7 @@ def main() -> int:
         write_json(RESULTS / "step_times.json", step_times())
     elif args.cmd == "run":
         run(args.model, args.seed, args.iters, args.anchor_weight, args.attention_norm, args.ffn_bound,
-            args.val_windows, args.width, args.ffn_weight, args.lr, args.keys, args.relative_bias)
+            args.val_windows, args.width, args.ffn_weight, args.lr, args.keys, args.relative_bias, args.basis)
     elif args.cmd == "figure":
         print(figure(args.model, args.seed))
     else:

@@ -259,21 +259,28 @@ def test_isotropic_heads_with_a_bias_are_the_map_step_with_scaled_identities():
     assert (got - want).abs().max() <= 1e-12 * (1 + float(want.abs().max()))
 
 
-def test_the_bias_gets_its_exact_gradient():
-    """The pass runs from explicit logits, so autograd reaches b (the fused kernel's backward would give none for
-    an additive mask): gradcheck against finite differences, ρ = exp and log."""
+@pytest.mark.parametrize("keys", ["free", "tied"])
+def test_the_biased_pass_gets_its_exact_gradient(keys):
+    """The pass with pair biases runs from explicit logits through `softmax.logit_softmax`, whose backward is
+    written out (and autograd reaches b, which the fused kernel's backward would not for an additive mask):
+    gradcheck against finite differences for every operand it reads — the bias table, the maps A_h and K_h, the
+    input states — with left padding, ρ = exp and log."""
     from torch.func import functional_call
-    name = "layers.0.attention.relative_bias_table"
     for rho in ("exp", "log"):
-        model = _model(6, rho=rho, bias=3, depth=2)
+        model = _model(6, rho=rho, bias=3, depth=2, keys=keys)
         x = torch.randn(2, 6, D, dtype=torch.float64)
+        pad = torch.zeros(2, 6, dtype=torch.bool)
+        pad[1, :2] = True                                          # left padding: rows with no visible real key
+        names = ["layers.0.attention.relative_bias_table", "layers.1.attention.metric_map"]
+        names += ["layers.1.attention.key_map"] if keys == "free" else []
+        start = [model.get_parameter(name).detach().clone().requires_grad_(True) for name in names]
 
-        def hidden(theta, model=model, x=x):
-            return functional_call(model, {name: theta}, (x,)).hidden
+        def hidden(x_in, *tensors, model=model, names=names, pad=pad):
+            return functional_call(model, dict(zip(names, tensors)), (x_in, pad)).hidden
 
-        theta = model.get_parameter(name).detach().clone().requires_grad_(True)
-        assert torch.autograd.gradcheck(hidden, (theta,), eps=1e-6, atol=1e-7, rtol=1e-5)
-        (g,) = torch.autograd.grad(hidden(theta).square().sum(), theta)
+        x_in = x.clone().requires_grad_(True)
+        assert torch.autograd.gradcheck(hidden, (x_in, *start), eps=1e-6, atol=1e-7, rtol=1e-5)
+        (g,) = torch.autograd.grad(hidden(x_in, *start).square().sum(), start[0])
         assert float(g.abs().max()) > 1e-3                       # the bias is a live parameter
 
 
@@ -289,3 +296,17 @@ def test_relative_bias_refusals_and_old_configs():
     assert uf.ModelConfig.preset("certified").relative_bias is None
     plain = uf.UnfoldedTransformer(uf.ModelConfig.from_dict(old))
     assert not any("relative_bias" in k for k in plain.state_dict())
+
+
+def test_an_untied_stack_bounds_every_layers_maps_in_one_call():
+    """With autograd, `rotated._frames` takes the μ_h of all free-metric layers from one `spectral_bound` call over
+    their maps stacked: each equals the layer's own bound (every head's squarings are its own matrices), and the
+    gradient reaches every layer's map through it."""
+    from unfoldformer.rotated import _frames
+    model = _model(4, depth=3)                                     # untied, free metric: three layers of maps
+    frames = _frames(model.layers, torch.float64)
+    for f, layer in zip(frames, model.layers):
+        assert torch.equal(f.mu, layer.attention.mu())
+    sum(f.mu.sum() for f in frames).backward()
+    for layer in model.layers:
+        assert float(layer.attention.metric_map.grad.abs().max()) > 0

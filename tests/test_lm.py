@@ -13,6 +13,7 @@ import torch
 import unfoldformer.lm.train as lm_train
 from conftest import close_tol, torchrun
 from unfoldformer.cli import main
+from unfoldformer.errors import ConfigError
 from unfoldformer.lm import CharTokenizer, LanguageModel
 from unfoldformer.lm.train import LMTrainConfig, build_model
 
@@ -155,7 +156,8 @@ def test_the_energy_weights_reach_the_certified_decoder():
 
 def test_the_defaults_are_the_recommended_decoder_and_old_settings_keep_theirs():
     """`lm train --model certified` runs free keys, no length normalisation, relative biases and lr 3e-3;
-    standard runs nanoGPT's lr 1e-3; settings saved before `relative_bias` existed rebuild a decoder without one."""
+    standard runs nanoGPT's lr 1e-3; no learned head basis (`--basis learned` adds one); settings saved before
+    `relative_bias` or `basis` existed rebuild a decoder without biases and with a learned basis, as trained."""
     from unfoldformer.lm.train import DEFAULT_LR, decoder_config
     for kind in ("certified", "certified-untied"):
         cfg = LMTrainConfig(model=kind).check()
@@ -163,13 +165,20 @@ def test_the_defaults_are_the_recommended_decoder_and_old_settings_keep_theirs()
         model_cfg = decoder_config(cfg)
         assert (model_cfg.keys, model_cfg.metric, model_cfg.attention_norm, model_cfg.relative_bias) == (
             "free", "free", "none", 64)
+        assert not model_cfg.learn_basis and decoder_config(LMTrainConfig(model=kind, basis="learned").check()
+                                                            ).learn_basis
     std = LMTrainConfig(model="standard").check()
     assert (std.lr, std.min_lr) == (1e-3, 1e-3 / 10)
     assert LMTrainConfig(model="certified", lr=5e-4).check().min_lr == 5e-4 / 10   # a given lr kept, floor lr/10
     old = dict(vars(LMTrainConfig(model="certified", keys="tied", attention_norm="length").check()))
-    old.pop("relative_bias")                                       # a train.json written before the field
-    assert decoder_config(LMTrainConfig.from_dict(old)).relative_bias == 0
-    assert LMTrainConfig.from_dict(vars(LMTrainConfig(model="certified").check())).relative_bias == 64
+    old.pop("relative_bias")                                       # a train.json written before the fields
+    old.pop("basis")
+    rebuilt = decoder_config(LMTrainConfig.from_dict(old))
+    assert rebuilt.relative_bias == 0 and rebuilt.learn_basis
+    now = LMTrainConfig.from_dict(vars(LMTrainConfig(model="certified").check()))
+    assert now.relative_bias == 64 and now.basis == "none"
+    with pytest.raises(ConfigError, match="--basis must be learned or none"):
+        LMTrainConfig(basis="rotated").check()
 
 
 def test_batch_must_split_evenly_over_torchrun_processes(tmp_path, monkeypatch):

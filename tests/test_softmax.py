@@ -5,7 +5,7 @@ import torch
 
 from conftest import D64
 from unfoldformer import energy as E
-from unfoldformer.softmax import MASKED, attention_pass, mass_energy, softmax_with_lse
+from unfoldformer.softmax import MASKED, attention_pass, logit_softmax, mass_energy, softmax_with_lse
 
 
 def _case(seed: int, B=2, H=3, n=7, dh=4, scale=1.0, dtype=D64):
@@ -116,3 +116,63 @@ def test_padded_energy_groups_equal_per_sample_energies():
                           if lengths[b] else torch.zeros((), dtype=D64) for b in range(len(lengths))])
     assert torch.allclose(grouped, single, rtol=1e-12, atol=1e-14)
     assert torch.allclose(grouped, E.attention_energy(Y, F, "exp", pad, method="gram"), rtol=1e-12, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- softmax from explicit logits
+def _logit_rows(dtype, n=9):
+    """Adversarial rows of logits (3, 8, n), MASKED entries marked: spread (scale 50: most weights underflow),
+    offset (+1e4), tiny (1e-30), identical, one unmasked entry, the diagonal unmasked only, a fully masked row (the
+    last)."""
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(3, 8, n, generator=g, dtype=D64)
+    rows = [base[:, 0] * 50, base[:, 1] + 1e4, base[:, 2] * 1e-30, torch.full_like(base[:, 3], 2.5), base[:, 4],
+            base[:, 5], base[:, 6], base[:, 7]]
+    logits = torch.stack(rows, 1)                                   # (3, 8, n)
+    masked = torch.rand(3, 8, n, generator=g) < 0.4
+    masked[:, 4] = True
+    masked[:, 4, 3] = False                                         # one unmasked entry
+    masked[:, 5] = ~torch.eye(8, n, dtype=torch.bool)[5]            # only j = 5
+    masked[:, 7] = True                                             # nothing visible
+    masked[:, :7, 0] = False                                        # every other row sees key 0
+    return logits.masked_fill(masked, MASKED).to(dtype), masked
+
+
+@pytest.mark.parametrize("dtype", [D64, torch.float32])
+def test_logit_softmax_values_are_the_weighted_sums(dtype):
+    """out_i = Σ_j e^{ℓ_ij} v_j / Σ_j e^{ℓ_ij} and lse_i = log Σ_j e^{ℓ_ij} over the unmasked entries, against
+    explicit float64 sums of the same (stored) logits. Bound: each weight e^{ℓ_ij − m_i} errs by ≤ u(|ℓ_ij − m_i| +
+    2) relative (the rounded difference, the exponential), which summed over the row is ≤ u(n/e + 2n) of S_i ≥ 1;
+    the sum adds γ_n, the reciprocal and the log one u each, the final subtraction u|lse|: |Δlse| ≤ (3n + 8)u(1 +
+    |lse|), |Δout| ≤ (4n + 8)u max|v|. Masked entries get weight exactly 0; a row with nothing visible stays finite."""
+    logits, masked = _logit_rows(dtype)
+    n = logits.shape[-1]
+    g = torch.Generator().manual_seed(8)
+    v = torch.randn(3, n, 5, generator=g, dtype=D64).to(dtype)
+    out, lse = logit_softmax(logits, v)
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+    ld, vd = logits.double()[:, :7], v.double()
+    keep = ~masked[:, :7]
+    m = ld.where(keep, -torch.inf).amax(-1, keepdim=True)           # (3, 7, 1) over the unmasked entries
+    w = torch.where(keep, torch.exp(ld - m), 0.0)                   # (3, 7, n)
+    S = w.sum(-1)
+    want_lse, want_out = m[..., 0] + S.log(), (w @ vd) / S[..., None]
+    u = torch.finfo(dtype).eps / 2
+    assert ((lse[:, :7].double() - want_lse).abs() <= (3 * n + 8) * u * (1 + want_lse.abs())).all()
+    assert float((out[:, :7].double() - want_out).abs().max()) <= (4 * n + 8) * u * float(vd.abs().max())
+    P = torch.softmax(logits, -1)                                   # what the function averages with
+    assert bool((P[:, :7][masked[:, :7]] == 0).all())
+
+
+def test_logit_softmax_gradients_are_the_finite_differences():
+    """The written-out backward against finite differences: both outputs, the average alone, the log-sum-exp alone
+    (the branches with one incoming gradient missing). Rows with something visible (a fully masked row's logits
+    all round to MASKED, which finite differences cannot move)."""
+    logits, _ = _logit_rows(D64)
+    logits = logits[:, 3:7].clone().requires_grad_(True)           # identical, one entry, the diagonal, random
+    g = torch.Generator().manual_seed(9)
+    v = torch.randn(3, logits.shape[-1], 4, generator=g, dtype=D64, requires_grad=True)
+    w_out, w_lse = torch.randn(3, 4, 4, generator=g, dtype=D64), torch.randn(3, 4, generator=g, dtype=D64)
+    for f in (lambda L, V: (logit_softmax(L, V)[0] * w_out).sum() + (logit_softmax(L, V)[1].sin() * w_lse).sum(),
+              lambda L, V: logit_softmax(L, V)[0],
+              lambda L, V: logit_softmax(L, V)[1]):
+        assert torch.autograd.gradcheck(f, (logits, v), eps=1e-6, atol=1e-8, rtol=1e-6)

@@ -63,7 +63,7 @@ from .descent import descent_tolerance, lowered
 from .positions import rope_tables, rotate_heads
 from .rho import Rho, get_rho
 from .rotated import _Frame, _frame, _hidden
-from .softmax import PRECISION_TARGET, exp_from_row_max, key_bias, logit_error_bound, masked_logit, softmax_with_lse
+from .softmax import PRECISION_TARGET, key_bias, logit_error_bound, logit_softmax, masked_logit, softmax_with_lse
 from .steps import toward
 
 __all__ = ["DecoderOutput", "causal_joint_step", "causal_log_weight", "causal_targets", "causal_trace",
@@ -84,10 +84,12 @@ def causal_log_weight(valid: Tensor, dtype: torch.dtype) -> Tensor:
 
 def pair_bias_rows(table: Tensor, n: int, q: int) -> Tensor:
     """b_h(i − j) (H, q, n) for the last q query rows i of n tokens and every key j, from the table b_h(δ) (H, K)
-    (offsets ≥ K − 1 share its last entry; j > i gets b_h(0), masked by the caller)."""
-    i = torch.arange(n - q, n, device=table.device)[:, None]
-    j = torch.arange(n, device=table.device)[None, :]
-    return table[:, (i - j).clamp(0, table.shape[1] - 1)]         # (H, q, n)
+    (offsets ≥ K − 1 share its last entry; j > i gets b_h(0), masked by the caller). A Toeplitz matrix: the rows
+    are overlapping windows of one vector w_k = b(n − 1 − k) (H, 2n − 1), row i = w[n − 1 − i : 2n − 1 − i], so the
+    table is gathered 2n − 1 times instead of n·q (and its gradient scattered as often)."""
+    k = torch.arange(2 * n - 1, device=table.device)
+    w = table[:, (n - 1 - k).clamp(0, table.shape[1] - 1)]        # (H, 2n − 1)
+    return w.unfold(-1, n, 1).flip(-2)[:, n - q:]                  # (H, q, n): row i, entry j = w[n − 1 − i + j]
 
 
 def _visible(valid: Tensor, q: int) -> Tensor:
@@ -150,22 +152,26 @@ def _dense_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, rho: Rho, las
     return avg.transpose(1, 2), deg[..., 0].clamp_min(torch.finfo(a.dtype).tiny).log().transpose(1, 2)
 
 
+def pair_logit_bias(bias: Tensor, valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """The pair biases b_h(i − j) (H, q, n) with the causal and padding mask folded in: MASKED where key j is padded
+    or later than query i, (B, H, q, n), or (1, H, q, n) when every token is real."""
+    q = bias.shape[1]
+    seen = _visible(valid[:1] if bool(valid.all()) else valid, q)  # (B or 1, 1, q, n)
+    return torch.where(seen, bias.to(dtype), masked_logit(dtype))
+
+
 def _biased_softmax_average(a: Tensor, k: Tensor, V: Tensor, valid: Tensor, bias: Tensor,
                             last_only: bool) -> tuple[Tensor, Tensor]:
     """ρ = exp with pair biases (H, q, n): (o_i, log d_i), β_ij = e^{b_h(i − j) − ½‖a_i − k_j‖²}, from explicit
-    logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), masked; the weights and their log-sum-exp from one
-    exponential."""
+    logits a_i·k_j − ½‖k_j‖² + b_h(i − j) (B, H, q, n), masked (`pair_logit_bias`), through one softmax kernel
+    (`softmax.logit_softmax`)."""
     rows = (a[:, -1:] if last_only else a).transpose(1, 2)         # (B, H, q, dh)
     kt, Vt = k.transpose(1, 2), V.transpose(1, 2)                  # (B, H, n, ·)
-    q = rows.shape[2]
-    logits = rows @ kt.transpose(-1, -2) - 0.5 * kt.square().sum(-1)[:, :, None, :] + bias.to(a.dtype)
-    seen = _visible(valid, q)                                      # (B, 1, q, n)
-    logits = logits.masked_fill(~seen, masked_logit(a.dtype))      # (B, H, q, n)
-    weights, top = exp_from_row_max(logits)                        # one exponential for weights and LSE
-    weights = torch.where(seen, weights, 0.0)                      # (B, H, q, n) the masked entries exactly 0
-    total = weights.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)   # (B, H, q, 1)
-    avg = (weights @ Vt) / total                                   # (B, H, q, w)
-    lse = (top + total.log())[..., 0]                              # (B, H, q)
+    (B, H, q, dh), n = rows.shape, kt.shape[2]
+    base = pair_logit_bias(bias, valid, a.dtype) - 0.5 * kt.square().sum(-1)[:, :, None, :]   # (B, H, q, n)
+    logits = torch.baddbmm(base.reshape(B * H, q, n), rows.reshape(B * H, q, dh),
+                           kt.reshape(B * H, n, dh).transpose(1, 2)).view(B, H, q, n)
+    avg, lse = logit_softmax(logits, Vt)                           # (B, H, q, w), (B, H, q)
     return avg.transpose(1, 2), (lse - 0.5 * rows.square().sum(-1)).transpose(1, 2)
 
 

@@ -74,6 +74,7 @@ class LMTrainConfig:
     ffn_bound: str = "none"              # certified only: none | spectral (‖W1‖₂ ≤ 1: the energy bounded below)
     keys: str = "free"                   # certified only: free (per-head maps A_h, K_h) | tied (q = k = v, §3.11)
     relative_bias: int = 64              # certified only: learned pair biases b_h(i − j) for offsets < this (0: none)
+    basis: str = "none"                  # certified only: none (contiguous heads) | learned (an orthogonal head basis)
 
     def check(self) -> LMTrainConfig:
         if self.model not in MODELS:
@@ -98,6 +99,8 @@ class LMTrainConfig:
         if self.keys not in CAUSAL_KEYS:
             raise ConfigError(f"--keys must be one of {', '.join(CAUSAL_KEYS)}, got {self.keys!r}")
         check_at_least("--relative-bias", self.relative_bias, 0)
+        if self.basis not in ("learned", "none"):
+            raise ConfigError(f"--basis must be learned or none, got {self.basis!r}")
         if self.attention_norm not in ("length", "none"):
             raise ConfigError(f"--attention-norm must be length or none, got {self.attention_norm!r}")
         if not (isinstance(self.anchor_weight, (int, float)) and math.isfinite(self.anchor_weight)
@@ -114,8 +117,8 @@ class LMTrainConfig:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"unknown training setting(s): {', '.join(sorted(unknown))}")
-        # settings saved before a field existed keep the meaning they had (their decoder had no biases)
-        return cls(**({"relative_bias": 0} | data)).check()
+        # settings saved before a field existed keep the meaning they had (no biases, a learned basis)
+        return cls(**({"relative_bias": 0, "basis": "learned"} | data)).check()
 
 
 def decoder_config(cfg: LMTrainConfig) -> ModelConfig:
@@ -124,6 +127,8 @@ def decoder_config(cfg: LMTrainConfig) -> ModelConfig:
     if cfg.model == "standard":
         return ModelConfig.preset("standard", dropout=0.0, **shape)
     free = dict(metric="free", keys="free") if cfg.keys == "free" else {}
+    if cfg.basis == "none":
+        free["learn_basis"] = False
     return ModelConfig.preset("certified-causal", tied=cfg.model == "certified", anchor_weight=cfg.anchor_weight,
                               ffn_weight=cfg.ffn_weight, attention_norm=cfg.attention_norm, ffn_bound=cfg.ffn_bound,
                               relative_bias=cfg.relative_bias, **free, **shape)
