@@ -2,6 +2,7 @@
 
     python benchmarks/lm_diagnosis.py attention        # n-gram baselines + attention statistics of the trained runs
     python benchmarks/lm_diagnosis.py screen --variant strict,innorm,rotary [--iters 500]
+    python benchmarks/lm_diagnosis.py estimator --run RUN [--draws 200]   # nanoGPT's 20-batch loss estimate
 
 `attention` needs the 2,000-iteration scratch folders of `benchmarks/lm.py run` (certified and certified-untied);
 it writes benchmarks/results/lm/diagnosis/attention.json:
@@ -30,6 +31,8 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
   layer about the standard decoder's parameter count); `wd<x>`: AdamW's weight decay (default 0.1, nanoGPT's);
 - `standardtied`: the standard pre-LN GPT decoder with one block shared by its 4 layers (all other variants
   apply to the certified decoder): what tying the layers costs a decoder that is not certified;
+- `nanogpt`: the standard decoder as nanoGPT's model: no biases, its initialisation (`_as_nanogpt`), which of
+  our standard decoder's differences from nanoGPT's moves its loss toward nanoGPT's reported 1.88;
 - `learnsteps`: the library's `learn_steps=True` (the step size α and the FFN weight γ learned, one pair per
   layer; a tied decoder's steps share one);
 - `sharedffn` / `sharedattn`: the untied decoder with one FFN (or one attention) shared by its 4 layers, the other
@@ -38,6 +41,10 @@ benchmarks/results/lm/diagnosis/screen-<variants>.json:
   e^{b} > 0 in each token's conditional energy. The committed `relbias`, `relbias10` and
   `keysfree-normnone-relbias-lr3e-3` screens ran before the library had the option, through a pass of explicit
   differences of the same energy (commit 174d619); `relbias10` is `bias64`.
+`estimator` reads a trained run folder (`unfoldformer lm train`) and compares its loss on the whole validation split
+with nanoGPT's estimate of it (`estimate_loss`: the mean over 20 batches of 12 random windows of 64 characters), drawn
+`--draws` times with independent windows: how far a single reported estimate, such as nanoGPT's 1.88, may fall from
+the whole split's loss. Writes benchmarks/results/lm/diagnosis/estimator-<run folder name>.json.
 Run with OMP_NUM_THREADS=1.
 """
 from __future__ import annotations
@@ -195,10 +202,27 @@ def _step_bias_variant() -> None:
     causal.causal_joint_step = stepped
 
 
+def _as_nanogpt(model: nn.Module) -> nn.Module:
+    """The standard decoder as nanoGPT's model (its `model.py`, `bias=False`): no biases in the linear maps and
+    LayerNorms (zero and frozen), weights N(0, 0.02), the residual projections N(0, 0.02/√(2L))."""
+    blocks = model.decoder.blocks
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
+                module.bias.zero_()
+                module.bias.requires_grad_(False)
+            if isinstance(module, nn.Linear):
+                module.weight.normal_(0.0, 0.02)
+        for block in blocks:
+            for proj in (block.out, block.proj):
+                proj.weight.normal_(0.0, 0.02 / (2 * len(blocks)) ** 0.5)
+    return model
+
+
 def screen(variants: list[str], iters: int, seed: int) -> Path:
     """Train the tied certified decoder with `variants` (module doc) and record its whole-split validation loss."""
     known = {"strict", "innorm", "rotary", "normnone", "keysfree", "untied", "sphere", "bias64", "stepbias",
-             "sharedffn", "sharedattn", "learnsteps", "standardtied"}
+             "sharedffn", "sharedattn", "learnsteps", "standardtied", "nanogpt"}
     lam, lr, bias_scale, ffn, wd = 1.0, 1e-3, None, None, 0.1
     for v in variants:
         if v.startswith("ffn"):
@@ -271,16 +295,23 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
             model.decoder.blocks = nn.ModuleList([blocks[0]] * len(blocks))   # one GPT block applied 4 times
             return model
         lm_train.build_model = build_tied_gpt
+    if "nanogpt" in variants:
+        build = lm_train.build_model
+
+        def build_nanogpt(cfg, tokenizer):
+            return _as_nanogpt(build(cfg, tokenizer))
+        lm_train.build_model = build_nanogpt
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     name = "-".join(variants) or "plain"
     untied = "untied" in variants or bool(shared)
-    kind = "standard" if "standardtied" in variants else "certified-untied" if untied else "certified"
+    kind = "standard" if {"standardtied", "nanogpt"} & set(variants) else "certified-untied" if untied else "certified"
     cfg = lm_train.LMTrainConfig(model=kind, iters=iters,
                                  lr=lr, min_lr=lr / 10, keys="free" if "keysfree" in variants else "tied",
                                  relative_bias=64 if "bias64" in variants or bias_scale is not None else 0,
                                  seed=seed, eval_interval=max(1, iters // 4),
                                  eval_windows=100, anchor_weight=lam, weight_decay=wd,
-                                 attention_norm="none" if "normnone" in variants else "length")
+                                 attention_norm="none" if "normnone" in variants else "length",
+                                 basis="learned")                  # the committed screens' decoders had one
     folder = SCRATCH / "screens" / f"{name}-seed{seed}-iters{iters}"
     lm_train.train(cfg, folder, resume=(folder / "state.pt").is_file(), device="cpu", progress=False)
     model, tok, cfg = lm_train.load_run(folder)
@@ -293,6 +324,36 @@ def screen(variants: list[str], iters: int, seed: int) -> Path:
     return path
 
 
+@torch.no_grad()
+def estimator(folder: Path, draws: int, batches: int = 20, batch: int = 12, seed: int = 0) -> Path:
+    """The whole split's loss and `draws` nanoGPT estimates of it (module doc)."""
+    from unfoldformer.lm.data import batches as random_windows
+    model, tok, cfg = lm_train.load_run(folder)
+    _, val = split(torch.tensor(tok.encode(load_text(cfg.data))), cfg.context)
+    whole = lm_train.evaluate_model(model, val)["val_loss"]
+    g = torch.Generator().manual_seed(seed)
+    estimates = []
+    for _ in range(draws):
+        losses = []
+        for _ in range(batches):
+            x, y = random_windows(val, cfg.context, batch, g)      # (batch, context) each, as nanoGPT's get_batch
+            losses.append(float(model(x, y)[1]))
+        estimates.append(sum(losses) / batches)
+    ranked = sorted(estimates)
+    mean = sum(estimates) / draws
+    std = (sum((e - mean) ** 2 for e in estimates) / (draws - 1)) ** 0.5
+    record = {"run": folder.name, "model": cfg.model, "seed": cfg.seed, "iters": cfg.iters, "whole_split": whole,
+              "draws": draws, "batches": batches, "batch": batch, "context": cfg.context, "mean": mean, "std": std,
+              "min": ranked[0], "max": ranked[-1], "p05": ranked[int(0.05 * draws)],
+              "p95": ranked[int(0.95 * draws) - 1],
+              "share_within_0.05_of_1.88": sum(abs(e - 1.88) <= 0.05 for e in estimates) / draws}
+    path = OUT / f"estimator-{folder.name}.json"
+    write_json(path, record)
+    print(f"{path}: whole split {whole:.4f}; 20-batch estimates {mean:.4f} ± {std:.4f} "
+          f"(5–95 %: {record['p05']:.4f}–{record['p95']:.4f})", flush=True)
+    return path
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -302,9 +363,14 @@ def main() -> int:
                    "untied, sphere, bias64, stepbias, lam<λ>, lr<x>, relbias<K>")
     s.add_argument("--iters", type=int, default=500)
     s.add_argument("--seed", type=int, default=0)
+    e = sub.add_parser("estimator")
+    e.add_argument("--run", type=Path, required=True, help="a run folder of `unfoldformer lm train`")
+    e.add_argument("--draws", type=int, default=200)
     args = p.parse_args()
     if args.cmd == "attention":
         attention()
+    elif args.cmd == "estimator":
+        estimator(args.run, args.draws)
     else:
         screen([v for v in args.variant.split(",") if v], args.iters, args.seed)
     return 0
