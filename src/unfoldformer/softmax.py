@@ -310,7 +310,8 @@ class _LogitSoftmax(torch.autograd.Function):
     6–7× slower per call on them), the log-sum-exp read from it as m_i − log max_j P_ij (P_ij = e^{ℓ_ij − m_i}/S_i
     peaks at 1/S_i ∈ [1/n, 1], so no underflow; one rounding more than the sum), and the backward written out:
     dℓ_ij = P_ij (g_i·v_j − g_i·out_i + γ_i) for gradients g of the average and γ of the log-sum-exp,
-    dv = Pᵀ g. Four n × n passes forward and three back, against about ten each through autograd."""
+    dv = Pᵀ g (an output without a gradient is skipped, not filled with zeros). Four n × n passes each way, against
+    about ten each through autograd."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, v: Tensor):
@@ -318,17 +319,19 @@ class _LogitSoftmax(torch.autograd.Function):
         out = P @ v                                                # (…, c, w)
         lse = logits.amax(-1) - P.amax(-1).log()                   # (…, c)
         ctx.save_for_backward(P, v, out)
+        ctx.set_materialize_grads(False)                           # a missing gradient arrives as None
         return out, lse
 
     @staticmethod
     def backward(ctx, g_out: Tensor | None, g_lse: Tensor | None):
         P, v, out = ctx.saved_tensors
-        shift = torch.zeros_like(out[..., :1]) if g_lse is None else -g_lse[..., None]   # (…, c, 1) −γ_i
-        if g_out is None:
-            return P * -shift, None
-        shift = shift + (g_out * out).sum(-1, keepdim=True)        # (…, c, 1) g_i·out_i − γ_i
+        if g_out is None:                                          # only the log-sum-exp: dℓ = P γ, no dv
+            return (None if g_lse is None else P * g_lse[..., None]), None
+        shift = (g_out * out).sum(-1, keepdim=True)                # (…, c, 1) g_i·out_i
+        if g_lse is not None:
+            shift = shift - g_lse[..., None]                       # − γ_i
         d_logits = (g_out @ v.transpose(-1, -2)).sub_(shift).mul_(P)   # (…, c, n)
-        return d_logits, P.transpose(-1, -2) @ g_out
+        return d_logits, (P.transpose(-1, -2) @ g_out if ctx.needs_input_grad[1] else None)
 
 
 def logit_softmax(logits: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
