@@ -62,7 +62,7 @@ def examples(n: int) -> settings:
     return settings(max_examples=n if PROFILE == "ci" else max(25, n // 10))
 
 
-# ----------------------------------------------------------------------------- tolerances
+# ----------------------------------------------------------------------------- process groups
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a process group's rendezvous)."""
     with socket.socket() as s:
@@ -76,6 +76,7 @@ def torchrun(*args: str, nproc: int = 2) -> list[str]:
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
 
 
+# ----------------------------------------------------------------------------- tolerances
 def close_tol(dtype: torch.dtype, scale: float = 1.0) -> float:
     """Absolute tolerance for two computations of one quantity of magnitude `scale` in `dtype`."""
     return 64 * torch.finfo(dtype).eps * max(float(scale), 1e-300)

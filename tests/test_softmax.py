@@ -172,6 +172,7 @@ def test_logit_softmax_gradients_are_the_finite_differences():
     g = torch.Generator().manual_seed(9)
     v = torch.randn(3, logits.shape[-1], 4, generator=g, dtype=D64, requires_grad=True)
     w_out, w_lse = torch.randn(3, 4, 4, generator=g, dtype=D64), torch.randn(3, 4, generator=g, dtype=D64)
+
     def both(L, V):                                                 # one call, both outputs used
         out, lse = logit_softmax(L, V)
         return (out * w_out).sum() + (lse.sin() * w_lse).sum()
