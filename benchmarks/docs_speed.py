@@ -11,7 +11,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 from docs_common import load, md, threads_said
 
 __all__ = ["compile_speed", "energy_peak", "energy_speed", "inference_energies", "inference_speed", "profiles",
-           "rho_busy", "rho_cost", "rho_step", "rho_threads", "scaling", "train_speed"]
+           "profiles_shared_machine", "rho_busy", "rho_cost", "rho_step", "rho_threads", "scaling", "train_speed"]
 
 
 def energy_speed(results: Path) -> str:
@@ -287,19 +287,27 @@ def scaling(results: Path) -> str:
     return "\n".join(out)
 
 
-def profiles(results: Path) -> str:
+def profiles_shared_machine(results: Path) -> str:
+    """`profiles` of the cells of `shared_machine.py` (`profile_misses.py --cases 'shared-*'`), idle and beside a
+    busy process (`--busy`)."""
+    return "\n\n".join(profiles(results, f"speed/profile_shared_machine{suffix}.json", f" --cases 'shared-*'{flag}")
+                       for suffix, flag in (("", ""), ("_busy", " --busy")))
+
+
+def profiles(results: Path, rel: str = "speed/profile_misses.json", cases: str = "") -> str:
     """Where the time of each missed speed target goes (`benchmarks/profile_misses.py --json`): per case and
     variant, wall time per call at each thread count and the operators with the most self CPU time."""
-    raw = load(results, "speed/profile_misses.json")
+    raw = load(results, rel)
     rows = []
     for case in raw["cases"].values():
         for variant, by_threads in case["variants"].items():
             for t, prof in by_threads.items():
                 ops = "; ".join(f"`{o['op']}` {100 * o['share']:.0f} %" for o in prof["top"][:3])
                 rows.append([case["what"], variant, t, f"{prof['wall_ms']:.1f}", ops])
-    return (f"*`python benchmarks/profile_misses.py --calls {raw['calls']} --json "
-            "benchmarks/results/speed/profile_misses.json`* (torch.profiler, wall time per call with the profiler "
-            f"on; 1-minute load average {raw['load_avg_start']:.1f} at the start, {raw['load_avg_end']:.1f} at "
+    return (f"*`python benchmarks/profile_misses.py{cases} --calls {raw['calls']} --json "
+            f"benchmarks/results/{rel}`* (torch.profiler, wall time per call with the profiler "
+            f"on; {'beside one busy process; ' if raw.get('load') == 'busy' else ''}"
+            f"1-minute load average {raw['load_avg_start']:.1f} at the start, {raw['load_avg_end']:.1f} at "
             "the end; the blocked kernel's worker threads are not seen by the profiler, so at 2 threads ρ ≠ exp "
             "shows as `_KernelSums` / `_KernelSumsBackward`)\n\n"
             + md(["case", "variant", "threads", "ms per call", "top operators (share of self CPU time)"], rows))

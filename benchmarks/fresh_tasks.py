@@ -27,6 +27,8 @@ Tasks (data: `fresh_data.py`, every generator seeded):
 Models: `standard` (pre-LN `nn.TransformerEncoder`, GELU, dropout 0, final LayerNorm), `joint-tied` and
 `joint-untied` (the `certified` preset through `CertifiedEncoder`, THEORY §3.7), `alternating-tied` (the
 `certified-alternating` preset, for reference). Certified models take the preset's defaults: nothing is tuned per task.
+Control (diagnosis only, `results/fresh/diagnosis/`): `standard-tied`, one pre-LN `nn.TransformerEncoderLayer` applied
+`depth` times, the standard model with its weights tied across depth as the tied certified stack's are.
 """
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ from unfoldformer.utils import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "fresh"
-MODELS = ("standard", "joint-tied", "joint-untied", "alternating-tied")
+MODELS = ("standard", "joint-tied", "joint-untied", "alternating-tied", "standard-tied")
+#: Controls, not cells of the suite: their files go to results/fresh/diagnosis/.
+CONTROLS = ("standard-tied",)
 #: The CLI's `model.kind` of each model (keywords).
 CLI_KINDS = {"standard": "standard", "joint-tied": "certified", "joint-untied": "certified-untied",
              "alternating-tied": "certified-alternating"}
@@ -59,12 +63,28 @@ SETTINGS = {"digits": dict(width=64, depth=4, steps=600, batch=64, lr=3e-3),
             "imdb8": dict(train=6000, test=2000, max_length=128, epochs=1, lr=1e-3)}
 
 
+class SharedLayerEncoder(nn.Module):
+    """One `nn.TransformerEncoderLayer` applied `depth` times (the weights tied across depth, as the tied certified
+    stack's are): the control that separates what tying costs from what the certified layer costs."""
+
+    def __init__(self, layer: nn.Module, depth: int):
+        super().__init__()
+        self.layer, self.depth = layer, depth
+
+    def forward(self, src: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        for _ in range(self.depth):
+            src = self.layer(src, src_key_padding_mask=src_key_padding_mask)   # (B, n, width)
+        return src
+
+
 def encoder(model: str, width: int, depth: int, overrides: dict | None = None) -> nn.Module:
     """The model's encoder with 4 heads and FFN 4·width; a final LayerNorm follows in `Classifier`. `overrides`:
     `ModelConfig` fields of a certified model (the diagnosis runs; the suite itself uses none)."""
-    if model == "standard":
+    if model in ("standard", "standard-tied"):
         layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, activation="gelu", batch_first=True,
                                            norm_first=True)
+        if model == "standard-tied":
+            return SharedLayerEncoder(layer, depth)
         return nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
     preset = "certified-alternating" if model.startswith("alternating") else "certified"
     cfg = ModelConfig.preset(preset, d_model=width, n_heads=4, ffn_hidden=4 * width, depth=depth,
@@ -94,14 +114,15 @@ class Classifier(nn.Module):
         return self.head(pooled)                                   # (B, C)
 
 
-def _data(task: str):
-    """(x_train, pad_train, y_train, x_test, pad_test, y_test, input map factory, tokens, classes)."""
+def _data(task: str, train: int = 2000):
+    """(x_train, pad_train, y_train, x_test, pad_test, y_test, input map factory, tokens, classes); `train`: ListOps
+    training expressions (the suite's 2,000 are the first 2,000 of any larger set)."""
     if task == "digits":
         x, y = fresh_data.digits_patches()
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
         tr, te = order[:1437], order[1437:]
         return x[tr], None, y[tr], x[te], None, y[te], lambda: nn.Linear(4, SETTINGS[task]["width"]), 16, 10
-    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(2000, seed=0)
+    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(train, seed=0)
     ids_te, pad_te, y_te = fresh_data.listops_tokens(SETTINGS[task]["test"], seed=1)   # the first 500: the old test
     n = max(ids_tr.shape[1], ids_te.shape[1])
     grow = lambda t, fill: torch.nn.functional.pad(t, (0, n - t.shape[1]), value=fill)   # noqa: E731
@@ -110,9 +131,9 @@ def _data(task: str):
 
 
 def run_in_process(task: str, model: str, lr: float, seed: int, overrides: dict | None = None,
-                   pool: str = "mean", steps: int | None = None) -> dict:
-    s = SETTINGS[task] | ({} if steps is None else {"steps": steps})
-    xtr, ptr, ytr, xte, pte, yte, inputs, n_tokens, n_classes = _data(task)
+                   pool: str = "mean", steps: int | None = None, train: int | None = None) -> dict:
+    s = SETTINGS[task] | ({} if steps is None else {"steps": steps}) | ({} if train is None else {"train": train})
+    xtr, ptr, ytr, xte, pte, yte, inputs, n_tokens, n_classes = _data(task, *(() if train is None else (train,)))
     torch.manual_seed(seed)
     net = Classifier(model, inputs, n_tokens, s["width"], s["depth"], n_classes, overrides, pool)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
@@ -225,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--pool", choices=("mean", "mean+first"), default="mean",
                      help="read-out (diagnosis only): mean over tokens, or that and the first token's state")
     run.add_argument("--steps", type=int, default=None, help="training steps (diagnosis only; default: the task's)")
+    run.add_argument("--train", type=int, default=None,
+                     help="ListOps training expressions (diagnosis only; default 2,000)")
     sub.add_parser("baselines", help="ListOps read-outs without attention (bag of tokens, + first token)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -233,6 +256,10 @@ def main(argv: list[str] | None = None) -> None:
         write_json(OUT / "diagnosis" / "listops-baselines.json", record)
         print(json.dumps(record))
         return
+    if args.model in CONTROLS and args.task in ("keywords", "imdb8"):
+        parser.error(f"--model {args.model} is a control of the in-process tasks (digits, listops)")
+    if args.train is not None and args.task != "listops":
+        parser.error("--train is for listops")
     if (args.pool != "mean" or args.steps is not None) and args.task in ("keywords", "imdb8"):
         parser.error(f"--pool and --steps are for the in-process tasks (digits, listops); {args.task} runs through "
                      "the CLI")
@@ -240,13 +267,14 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
                  for k, v in (item.split("=", 1) for item in args.set)}
     record = run_cli(args.model, lr, args.seed, overrides, args.task) if args.task in ("keywords", "imdb8") \
-        else run_in_process(args.task, args.model, lr, args.seed, overrides, args.pool, args.steps)
+        else run_in_process(args.task, args.model, lr, args.seed, overrides, args.pool, args.steps, args.train)
     record = {"task": args.task, "model": args.model, "lr": lr, "seed": args.seed, **record,
               "default_lr": lr == SETTINGS[args.task]["lr"], "threads": 1, "overrides": overrides,
               "pool": args.pool}
     tag = "".join(f"-{k}{v}" for k, v in sorted(overrides.items())) + ("" if args.pool == "mean" else "-pool_first")
-    tag += "" if args.steps is None else f"-steps{args.steps}"
-    diagnosis = overrides or args.pool != "mean" or args.steps is not None
+    tag += ("" if args.steps is None else f"-steps{args.steps}") + ("" if args.train is None else f"-train{args.train}")
+    diagnosis = overrides or args.pool != "mean" or args.steps is not None or args.train is not None \
+        or args.model in CONTROLS
     folder = OUT / "diagnosis" if diagnosis else OUT                # the table reads only the suite's cells
     write_json(folder / f"{args.task}-{args.model}{tag}-lr{lr:g}-seed{args.seed}.json", record)
     print(json.dumps({k: record[k] for k in ("task", "model", "lr", "seed", "accuracy", "train_loss")}))

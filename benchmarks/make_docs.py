@@ -28,7 +28,7 @@ import make_table as mt  # the accuracy table's loading and cell formatting (sam
 from docs_common import load as _load
 from docs_common import md as _md
 from docs_common import threads_said as _threads
-from docs_fresh import fresh, fresh_before_prior, fresh_paired, fresh_paired_more_seeds
+from docs_fresh import fresh, fresh_before_prior, fresh_paired, fresh_paired_more_seeds, fresh_tied_control
 from docs_reports import counterexamples, pretrained_descent, probe, reproduction, rho_spread
 from docs_speed import (
     compile_speed,
@@ -38,6 +38,7 @@ from docs_speed import (
     inference_speed,
     inference_speed_2threads,
     profiles,
+    profiles_shared_machine,
     rho_busy,
     rho_cost,
     rho_step,
@@ -550,6 +551,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "fresh-before-prior": fresh_before_prior,
     "fresh-paired": fresh_paired,
     "fresh-paired-more-seeds": fresh_paired_more_seeds,
+    "fresh-tied-control": fresh_tied_control,
     "headline": headline, "accuracy-full": accuracy_full, "accuracy-reduced": accuracy_reduced,
     "rho-accuracy": rho_accuracy, "study": study, "train-speed": train_speed, "scaling": scaling,
     "peers-seeds": peers_seeds, "energy-speed": energy_speed, "rho-step": rho_step, "rho-cost": rho_cost,
@@ -559,7 +561,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "inference-speed-1thread": inference_speed, "inference-speed-2threads": inference_speed_2threads,
     "inference-energies": inference_energies, "numerics": numerics, "probe": probe, "reproduction": reproduction,
     "pretrained-descent": pretrained_descent,
-    "rho-spread": rho_spread, "profiles": profiles, "counterexamples": counterexamples, "compile": compile_speed,
+    "rho-spread": rho_spread, "profiles": profiles,
+    "profiles-shared-machine": profiles_shared_machine, "counterexamples": counterexamples, "compile": compile_speed,
     "certificate": certificate, "shared-machine": shared_machine}
 
 

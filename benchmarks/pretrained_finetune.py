@@ -53,15 +53,15 @@ def certified(model: str, seed: int, args) -> dict:
             fresh = DistilledEncoder(DistilledEncoder.from_pretrained(args.encoder).config)
             init = str(fresh.save_pretrained(Path(tmp) / "scratch"))
         cfg = TrainConfig.from_dict({
-            "model": {"init": init},
+            "model": {"init": init, "trainable_embeddings": args.trainable_embeddings},
             "data": {"dataset": args.dataset, "max_length": MAX_LENGTH[args.dataset], "embeddings": "minilm",
                      "max_train_examples": args.train_examples, "max_eval_examples": EVAL[args.dataset][1]},
-            "optim": {**OPTIM, "epochs": args.epochs, "seed": seed},
+            "optim": {**OPTIM, "lr": args.lr, "epochs": args.epochs, "seed": seed},
             "run": {"out_dir": str(Path(tmp) / "run"), "progress": False, "checkpoint_every": 10_000}})
         summary = train(cfg)
     final = summary["final"]                                              # the final weights: no selection on dev
     return {"accuracy": final["eval_accuracy"], "eval_n": final["eval_n"], "steps": summary["steps"],
-            "train_loss": final["train_loss"]}
+            "train_loss": final["train_loss"], "lr": args.lr, "trainable_embeddings": args.trainable_embeddings}
 
 
 def minilm(seed: int, args) -> dict:
@@ -109,18 +109,37 @@ def minilm(seed: int, args) -> dict:
     return {"accuracy": correct / len(dev), "lr": args.minilm_lr}
 
 
+def variant(model: str, lr: float, trainable_embeddings: bool) -> str:
+    """The result files' name of a model at its settings: `distilled`, or `distilled-lr0.0003-embeddings`
+    for a certified model at another lr than the benchmark's 1e-3 or with its word-piece table trained."""
+    if model == "minilm":
+        return model
+    return model + ("" if lr == OPTIM["lr"] else f"-lr{lr:g}") + ("-embeddings" if trainable_embeddings else "")
+
+
+def _label(rec: dict) -> str:
+    """A row's model column: the name, with the settings that differ from the benchmark's."""
+    settings = []
+    if rec["model"] != "minilm" and rec.get("lr", OPTIM["lr"]) != OPTIM["lr"]:
+        settings.append(f"lr {rec['lr']:g}")
+    if rec.get("trainable_embeddings"):
+        settings.append("word table trained")
+    return rec["model"] + (f" ({', '.join(settings)})" if settings else "")
+
+
 def table() -> str:
     rows: dict = {}
     for path in sorted(RESULTS.glob("finetune-*-seed*.json")):
         rec = json.loads(path.read_text())
-        rows.setdefault((rec["dataset"], rec["model"]), []).append(100 * rec["accuracy"])
+        rows.setdefault((rec["dataset"], _label(rec)), []).append(100 * rec["accuracy"])
     lines = ["| data (evaluation) | model | accuracy, mean ± sd (%) | seeds |", "|---|---|---|---|"]
     for dataset, evaluation in (("sst2", "SST-2 dev"), ("imdb", "IMDB test, 1,000")):
-        for model in ("distilled", "scratch", "minilm"):
-            if (dataset, model) in rows:
-                acc = np.array(rows[dataset, model])
-                lines.append(f"| {evaluation} | {model} | {acc.mean():.1f} ± "
-                             f"{acc.std(ddof=1) if len(acc) > 1 else 0:.1f} | {', '.join(f'{a:.1f}' for a in acc)} |")
+        for label in sorted((k[1] for k in rows if k[0] == dataset), key=lambda k: (k.split()[0] != "distilled",
+                                                                                     k.split()[0], k)):
+            acc = np.array(rows[dataset, label])
+            spread = f" ± {acc.std(ddof=1):.1f}" if len(acc) > 1 else " (one seed)"
+            seeds = ", ".join(f"{a:.1f}" for a in acc)
+            lines.append(f"| {evaluation} | {label} | {acc.mean():.1f}{spread} | {seeds} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,6 +152,9 @@ def main() -> int:
     parser.add_argument("--train-examples", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--minilm-lr", type=float, default=5e-5)
+    parser.add_argument("--lr", type=float, default=OPTIM["lr"], help="the certified models' peak lr")
+    parser.add_argument("--trainable-embeddings", action="store_true",
+                        help="train the certified models' word-piece table too (outside the energy)")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args()
     if args.table:
@@ -142,7 +164,8 @@ def main() -> int:
         return 0
     for seed in args.seeds:
         for model in args.models:
-            path = RESULTS / f"finetune-{args.dataset}-{model}-seed{seed}.json"
+            name = variant(model, args.lr, args.trainable_embeddings)
+            path = RESULTS / f"finetune-{args.dataset}-{name}-seed{seed}.json"
             if path.exists():
                 continue
             started = time.time()

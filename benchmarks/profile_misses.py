@@ -11,9 +11,11 @@ kernel's worker threads count too), with the wall time of the profiled calls:
 - `joint-untied-64`: certified-joint-untied against the fastest standard eval path, B = 32, n = 64
   (target: ≥ 1.0×);
 - `energies-joint-256`: certified-joint with its energy curve against its plain forward, B = 32,
-  n = 256 (target: ≤ 1.15×).
+  n = 256 (target: ≤ 1.15×);
+- `shared-<what>-<B>x<n>x<d>`: a cell of `shared_machine.py` (inference or a training step of its 4-layer encoders,
+  the same construction): `nn.TransformerEncoder`'s fastest path, certified joint tied and untied (target: ≥ 1.0×).
 
-    python benchmarks/profile_misses.py [--cases ...] [--threads 1 2] [--calls 5] [--json FILE]
+    python benchmarks/profile_misses.py [--cases NAME|PATTERN ...] [--threads 1 2] [--calls 5] [--busy] [--json FILE]
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import unfoldformer  # noqa: F401  (sets OMP_WAIT_POLICY before torch, as every user gets it)
 # isort: on
 import argparse
+import fnmatch
 import os
 import sys
 import time
@@ -33,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import inference_speed as inf  # noqa: E402  (same folder)
 import rho_speed as rs  # noqa: E402
+import shared_machine as sm  # noqa: E402
 from unfoldformer.utils import environment, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "speed" / "profile_misses.json"
@@ -65,7 +69,23 @@ def _cases() -> dict:
     out["energies-joint-256"] = ("inference, B 32, n 256: certified-joint with energies vs plain",
                                  {"certified-joint + energies": infer("certified-joint + energies", 256),
                                   "certified-joint": infer("certified-joint", 256)})
+    for what in ("inference", "train"):
+        for shape in sm.SHAPES:
+            out[f"shared-{what}-{'x'.join(map(str, shape))}"] = (
+                f"shared_machine {what}, (B, n, d) = {shape}: standard (fastest) vs certified joint",
+                {model: _lazy(sm.make_step, what, model, shape) for model in sm.MODELS})
     return out
+
+
+def _lazy(make, *args):
+    """A call built at its first use (a case's models are built only when that case runs)."""
+    built = []
+
+    def call() -> None:
+        if not built:
+            built.append(make(*args))
+        built[0]()
+    return call
 
 
 def profile_call(call, calls: int) -> dict:
@@ -88,15 +108,29 @@ def profile_call(call, calls: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", nargs="+", default=None, help="default: all")
+    p.add_argument("--cases", nargs="+", default=None, help="names or patterns (shared-*); default: all")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--json", default=None, help=f"write the profiles here (e.g. {RESULTS})")
+    p.add_argument("--busy", action="store_true",
+                   help="beside one busy single-thread process (a Python loop), as shared_machine.py's busy cells")
     args = p.parse_args(argv)
+    busy = sm._busy() if args.busy else None
+    try:
+        return _profile_cases(args)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+def _profile_cases(args) -> int:
     torch.set_flush_denormal(True)
     cases = _cases()
-    out = {"threads": args.threads, "calls": args.calls, "load_avg_start": os.getloadavg()[0], "cases": {}}
-    for name in args.cases or list(cases):
+    out = {"threads": args.threads, "calls": args.calls, "load_avg_start": os.getloadavg()[0], "cases": {},
+           "load": "busy" if args.busy else "idle"}
+    names = [n for n in cases if args.cases is None or any(fnmatch.fnmatch(n, pat) for pat in args.cases)]
+    for name in names:
         what, variants = cases[name]
         res = out["cases"][name] = {"what": what, "variants": {}}
         for v, call in variants.items():

@@ -66,13 +66,10 @@ def _timed(fn, repeats: int, budget_s: float = 4.0) -> list[float]:
     return times
 
 
-def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repeats: int) -> dict:
-    import torch  # torch first, as users import it
+def make_step(what: str, model: str, shape: tuple[int, int, int]):
+    """The timed call of an `inference` or `train` cell: a zero-argument function (also `profile_misses.py`'s)."""
+    import torch
 
-    import unfoldformer  # noqa: F401
-    torch.set_num_threads(threads)
-    if what == "energy":
-        return _energy_cell(repeats)
     B, n, d = shape
     enc = _encoder(model, d)
     x = torch.randn(B, n, d)
@@ -90,6 +87,17 @@ def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repea
             opt.zero_grad(set_to_none=True)
             enc(x).square().mean().backward()
             opt.step()
+    return step
+
+
+def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repeats: int) -> dict:
+    import torch  # torch first, as users import it
+
+    import unfoldformer  # noqa: F401
+    torch.set_num_threads(threads)
+    if what == "energy":
+        return _energy_cell(repeats)
+    step = make_step(what, model, shape)
     for _ in range(2):
         step()
     times = _timed(step, repeats)

@@ -171,6 +171,44 @@ def test_the_backward_pass_runs_at_the_forwards_count_and_the_callers_count_come
     assert torch.get_num_threads() == 2
 
 
+def test_the_encoders_norm_runs_at_the_stacks_count_forward_and_backward(fake_load):
+    """`CertifiedEncoder(norm=...)`: the final norm is part of the library's call, so beside a busy process it runs at
+    the lowered count in the forward and in the backward (a parallel region at the caller's count between two
+    lowered ones would wait for the shared core); the caller's 2 threads are back after each."""
+    import torch
+    from torch import nn
+
+    import unfoldformer as uf
+
+    class Probe(torch.autograd.Function):                           # the identity; records the count in backward
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("backward", torch.get_num_threads()))
+            return g
+
+    class Recorded(nn.LayerNorm):
+        def forward(self, x):
+            seen.append(("forward", torch.get_num_threads()))
+            return Probe.apply(super().forward(x))                  # its backward runs first, then the norm's
+
+    seen = []
+    torch.manual_seed(0)
+    enc = uf.CertifiedEncoder(uf.CertifiedEncoderLayer(8, 2, 16), 2, norm=Recorded(8))
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    fake_load(others=1.0, own=1.0)                                  # one core busy with another process
+    out = enc(x)
+    assert seen == [("forward", 1)] and torch.get_num_threads() == 2
+    out.square().sum().backward()
+    assert seen == [("forward", 1), ("backward", 1)] and torch.get_num_threads() == 2
+    fake_load(others=0.0, own=1.0)                                  # idle: the caller's count throughout
+    enc(x).square().sum().backward()
+    assert seen[2:] == [("forward", 2), ("backward", 2)] and torch.get_num_threads() == 2
+
+
 def test_a_backward_pass_that_raises_gives_the_count_back_at_the_next_library_call(fake_load):
     """The queued restoring call runs only when the pass ends normally; after a pass that raised, the next call of
     the library (here a forward, idle) restores the caller's 2 before it does anything else."""

@@ -52,6 +52,7 @@ from .energy import check_states
 from .errors import ConfigError
 from .model import EncoderOutput, UnfoldedTransformer, copy_layer
 from .pretrained import PretrainedMixin
+from .threads import free_core_threads, hold_for_backward
 
 __all__ = ["CertifiedEncoder", "CertifiedEncoderLayer"]
 
@@ -347,8 +348,14 @@ class CertifiedEncoder(_DropIn, PretrainedMixin, nn.Module):
         """
         _refuse_masks("mask", mask, is_causal)
         src, src_key_padding_mask, unbatched = _batch_first(src, src_key_padding_mask, self.batch_first)
-        out = self.encoder(src, src_key_padding_mask, return_energies=return_energies, safeguard=safeguard)
-        return self._finish(_result(out, return_energies), unbatched)
+        # `norm` and dropout at the stack's thread count too, forward and backward (`threads.py`): on a shared
+        # machine a region at the caller's count between two lowered ones waits for the core the other process holds
+        with free_core_threads() as threads:
+            out = self.encoder(src, src_key_padding_mask, return_energies=return_energies, safeguard=safeguard)
+            out = self._finish(_result(out, return_energies), unbatched)
+        if torch.is_grad_enabled():
+            hold_for_backward([out] if isinstance(out, Tensor) else vars(out).values(), threads)
+        return out
 
     def _pretrained_init(self) -> dict:
         return {"config": self.config.to_dict()}
