@@ -308,8 +308,8 @@ def profiles(results: Path, rel: str = "speed/profile_misses.json", cases: str =
             f"benchmarks/results/{rel}`* (torch.profiler, wall time per call with the profiler "
             f"on; {'beside one busy process; ' if raw.get('load') == 'busy' else ''}"
             f"1-minute load average {raw['load_avg_start']:.1f} at the start, {raw['load_avg_end']:.1f} at "
-            "the end; the blocked kernel's worker threads are not seen by the profiler, so at 2 threads ρ ≠ exp "
-            "shows as `_KernelSums` / `_KernelSumsBackward`)\n\n"
+            "the end" + ("; the blocked kernel's worker threads are not seen by the profiler, so at 2 threads ρ ≠ exp "
+                         "shows as `_KernelSums` / `_KernelSumsBackward`" if not cases else "") + ")\n\n"
             + md(["case", "variant", "threads", "ms per call", "top operators (share of self CPU time)"], rows))
 
 

@@ -58,7 +58,7 @@ CLI_KINDS = {"standard": "standard", "joint-tied": "certified", "joint-untied": 
              "alternating-tied": "certified-alternating"}
 #: Per task: width, depth, steps, batch, default lr (the issue's settings).
 SETTINGS = {"digits": dict(width=64, depth=4, steps=600, batch=64, lr=3e-3),
-            "listops": dict(width=64, depth=4, steps=300, batch=32, lr=1e-3, test=2000),
+            "listops": dict(width=64, depth=4, steps=300, batch=32, lr=1e-3, train=2000, test=2000),
             "keywords": dict(width=16, depth=2, epochs=3, lr=1e-3),
             "imdb8": dict(train=6000, test=2000, max_length=128, epochs=1, lr=1e-3)}
 
@@ -114,26 +114,26 @@ class Classifier(nn.Module):
         return self.head(pooled)                                   # (B, C)
 
 
-def _data(task: str, train: int = 2000):
-    """(x_train, pad_train, y_train, x_test, pad_test, y_test, input map factory, tokens, classes); `train`: ListOps
-    training expressions (the suite's 2,000 are the first 2,000 of any larger set)."""
+def _data(task: str, s: dict):
+    """(x_train, pad_train, y_train, x_test, pad_test, y_test, input map factory, tokens, classes) at the settings `s`
+    (ListOps: `train` expressions; the suite's 2,000 are the first 2,000 of any larger set)."""
     if task == "digits":
         x, y = fresh_data.digits_patches()
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
         tr, te = order[:1437], order[1437:]
-        return x[tr], None, y[tr], x[te], None, y[te], lambda: nn.Linear(4, SETTINGS[task]["width"]), 16, 10
-    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(train, seed=0)
-    ids_te, pad_te, y_te = fresh_data.listops_tokens(SETTINGS[task]["test"], seed=1)   # the first 500: the old test
+        return x[tr], None, y[tr], x[te], None, y[te], lambda: nn.Linear(4, s["width"]), 16, 10
+    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(s["train"], seed=0)
+    ids_te, pad_te, y_te = fresh_data.listops_tokens(s["test"], seed=1)   # the first 500: the old test
     n = max(ids_tr.shape[1], ids_te.shape[1])
     grow = lambda t, fill: torch.nn.functional.pad(t, (0, n - t.shape[1]), value=fill)   # noqa: E731
-    table = lambda: nn.Embedding(len(fresh_data.LISTOPS_VOCAB), SETTINGS[task]["width"], padding_idx=0)  # noqa: E731
+    table = lambda: nn.Embedding(len(fresh_data.LISTOPS_VOCAB), s["width"], padding_idx=0)  # noqa: E731
     return (grow(ids_tr, 0), grow(pad_tr, True), y_tr, grow(ids_te, 0), grow(pad_te, True), y_te, table, n, 10)
 
 
 def run_in_process(task: str, model: str, lr: float, seed: int, overrides: dict | None = None,
                    pool: str = "mean", steps: int | None = None, train: int | None = None) -> dict:
     s = SETTINGS[task] | ({} if steps is None else {"steps": steps}) | ({} if train is None else {"train": train})
-    xtr, ptr, ytr, xte, pte, yte, inputs, n_tokens, n_classes = _data(task, *(() if train is None else (train,)))
+    xtr, ptr, ytr, xte, pte, yte, inputs, n_tokens, n_classes = _data(task, s)
     torch.manual_seed(seed)
     net = Classifier(model, inputs, n_tokens, s["width"], s["depth"], n_classes, overrides, pool)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
@@ -210,7 +210,7 @@ def listops_baselines(c_grid=(0.1, 1.0, 10.0, 100.0)) -> dict:
     once on the test."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
-    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(2000, seed=0)
+    ids_tr, pad_tr, y_tr = fresh_data.listops_tokens(SETTINGS["listops"]["train"], seed=0)
     ids_te, pad_te, y_te = fresh_data.listops_tokens(SETTINGS["listops"]["test"], seed=1)
     vocab = len(fresh_data.LISTOPS_VOCAB)
 

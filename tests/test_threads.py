@@ -209,6 +209,25 @@ def test_the_encoders_norm_runs_at_the_stacks_count_forward_and_backward(fake_lo
     assert seen[2:] == [("forward", 2), ("backward", 2)] and torch.get_num_threads() == 2
 
 
+def test_a_layer_stepping_towards_a_given_anchor_runs_at_the_free_cores(fake_load):
+    """`CertifiedEncoderLayer(src, anchor=X)` (a layer inside the user's own stack) runs its step at the lowered count
+    beside a busy process, as a stack does, and gives the caller's 2 threads back."""
+    import torch
+
+    import unfoldformer as uf
+    torch.manual_seed(0)
+    layer = uf.CertifiedEncoderLayer(8, 2, 16)
+    seen = []
+    layer.layer.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    x = torch.randn(3, 5, 8)
+    fake_load(others=1.0, own=1.0)                                  # one core busy with another process
+    layer(x, anchor=x)
+    assert seen == [1] and torch.get_num_threads() == 2
+    fake_load(others=0.0, own=1.0)                                  # idle: the caller's count
+    layer(x, anchor=x)
+    assert seen == [1, 2] and torch.get_num_threads() == 2
+
+
 def test_a_backward_pass_that_raises_gives_the_count_back_at_the_next_library_call(fake_load):
     """The queued restoring call runs only when the pass ends normally; after a pass that raised, the next call of
     the library (here a forward, idle) restores the caller's 2 before it does anything else."""

@@ -126,7 +126,8 @@ def _rebuild(cls, config: dict, extras: dict, state: dict, training: bool):
 
 class _DropIn:
     """What both certified modules share as drop-ins for `nn.TransformerEncoder(Layer)`: pickling through the
-    config (parametrised modules cannot be pickled as they are) and the caller's layout."""
+    config (parametrised modules cannot be pickled as they are), the caller's layout, and the thread count of the
+    whole call (`threads.py`)."""
 
     def __reduce_ex__(self, protocol):
         extras = {"dropout": self.dropout, "batch_first": self.batch_first}
@@ -143,6 +144,23 @@ class _DropIn:
             hidden = norm(hidden)
         out = dataclasses.replace(out, hidden=hidden) if isinstance(out, EncoderOutput) else hidden
         return _layout(out, unbatched, self.batch_first)
+
+    def _at_free_cores(self, run):
+        """`run()` (the step or stack, then `_finish`: dropout, `norm`, layout) at the free cores' thread count,
+        forward and backward (`threads.py`): on a shared machine a region at the caller's count between two lowered
+        ones would wait for the core the other process holds."""
+        with free_core_threads() as threads:
+            out = run()
+        if torch.is_grad_enabled():
+            hold_for_backward([out] if isinstance(out, Tensor) else vars(out).values(), threads)
+        return out
+
+    def _stack(self, src: Tensor, src_key_padding_mask: Tensor | None, return_energies, safeguard: bool,
+               unbatched: bool) -> Tensor | EncoderOutput:
+        """The wrapped stack's forward from `src` (also the anchor), finished for the caller."""
+        return self._at_free_cores(lambda: self._finish(_result(
+            self.encoder(src, src_key_padding_mask, return_energies=return_energies, safeguard=safeguard),
+            return_energies), unbatched))
 
 
 class CertifiedEncoderLayer(_DropIn, PretrainedMixin, nn.Module):
@@ -253,8 +271,7 @@ class CertifiedEncoderLayer(_DropIn, PretrainedMixin, nn.Module):
         _refuse_masks("src_mask", src_mask, is_causal)
         src, src_key_padding_mask, unbatched = _batch_first(src, src_key_padding_mask, self.batch_first)
         if anchor is None:
-            out = self.encoder(src, src_key_padding_mask, return_energies=return_energies, safeguard=safeguard)
-            return self._finish(_result(out, return_energies), unbatched)
+            return self._stack(src, src_key_padding_mask, return_energies, safeguard, unbatched)
         anchor = _batch_first(anchor, None, self.batch_first)[0]
         if safeguard:
             raise ConfigError("safeguard=True needs the anchor to be the input (anchor=None); "
@@ -263,6 +280,12 @@ class CertifiedEncoderLayer(_DropIn, PretrainedMixin, nn.Module):
             raise ValueError(f"anchor has shape {tuple(anchor.shape)} but src has {tuple(src.shape)}")
         check_states(src, src_key_padding_mask)
         check_states(anchor, src_key_padding_mask)
+        return self._at_free_cores(lambda: self._anchored_step(src, anchor, src_key_padding_mask, return_energies,
+                                                               unbatched))
+
+    def _anchored_step(self, src: Tensor, anchor: Tensor, src_key_padding_mask: Tensor | None, return_energies: bool,
+                       unbatched: bool) -> Tensor | EncoderOutput:
+        """The layer module's own step towards a given anchor (a stack's inner layer), finished for the caller."""
         hidden = self.layer(src, anchor, src_key_padding_mask)   # the layer module's own step, (B, n, d)
         if not return_energies:
             return self._finish(hidden, unbatched)
@@ -348,14 +371,7 @@ class CertifiedEncoder(_DropIn, PretrainedMixin, nn.Module):
         """
         _refuse_masks("mask", mask, is_causal)
         src, src_key_padding_mask, unbatched = _batch_first(src, src_key_padding_mask, self.batch_first)
-        # `norm` and dropout at the stack's thread count too, forward and backward (`threads.py`): on a shared
-        # machine a region at the caller's count between two lowered ones waits for the core the other process holds
-        with free_core_threads() as threads:
-            out = self.encoder(src, src_key_padding_mask, return_energies=return_energies, safeguard=safeguard)
-            out = self._finish(_result(out, return_energies), unbatched)
-        if torch.is_grad_enabled():
-            hold_for_backward([out] if isinstance(out, Tensor) else vars(out).values(), threads)
-        return out
+        return self._stack(src, src_key_padding_mask, return_energies, safeguard, unbatched)
 
     def _pretrained_init(self) -> dict:
         return {"config": self.config.to_dict()}
