@@ -23,8 +23,8 @@ cores) give the two thread counts; the 1-minute load average is printed beside t
 from __future__ import annotations
 
 # isort: off
-# unfoldformer before torch: it sets OpenMP's wait policy (OMP_WAIT_POLICY=PASSIVE unless set,
-# src/unfoldformer/__init__.py) as every user of the library gets it
+# unfoldformer before torch, as the command line imports it (results measured before 2026-12-05 ran with the
+# OMP_WAIT_POLICY=PASSIVE that versions of then set in this order; the library now leaves OpenMP's settings alone)
 import unfoldformer  # noqa: F401
 # isort: on
 import argparse

@@ -546,6 +546,55 @@ def shared_machine(results: Path) -> str:
     return head + "\n\n" + sm.table(data)
 
 
+def shared_machine_orders(results: Path) -> str:
+    """The smallest shape in the two import orders, and with the training step inside the library's thread region
+    (`shared_machine.py --variants`: the variants alternated cell by cell in one run)."""
+    import shared_machine as sm  # same folder
+    data = _load(results, "speed/shared_machine_variants.json")
+    names = {"torch-first": "torch first", "unfoldformer-first": "unfoldformer first",
+             "step-region": "torch first, step in region"}
+    variants = data["variants"]
+    cells = {(c["load"], c["threads"], c["what"], c["model"], c["variant"]): c for c in data["cells"]}
+    rows = []
+    for load in sm.LOADS:
+        for what in ("inference", "train"):
+            for model in sm.MODELS:
+                for threads in sm.THREADS:
+                    vals = [cells.get((load, threads, what, model, v)) for v in variants]
+                    rows.append([load, what, model, str(threads)]
+                                + [f"{1e3 * v['median_s']:.1f}" if v else "–" for v in vals])
+    steps = [c for c in data["cells"] if c["what"] != "energy"]
+    counts = sorted({len(c["process_medians"]) for c in steps})
+    shape = ", ".join(map(str, steps[0]["shape"]))
+    head = (f"*`python benchmarks/shared_machine.py run --shapes 64,16,64 --processes 5 --no-energy --variants "
+            f"{' '.join(variants)}`* ((B, n, d) = ({shape}); ms, each cell the median over "
+            f"{' or '.join(map(str, counts))} fresh processes, the variants alternated cell by cell; `step in region`: "
+            "torch first, the whole training step inside `free_core_threads()`, training only)")
+    out = head + "\n\n" + _md(["load", "what", "model", "threads", *(names[v] + " ms" for v in variants)], rows)
+    orders = [v for v in variants if v != "step-region"]
+    energy = [[load, str(threads)] + [f"{c['median_s']:.3f} s ({c['ratio']:.0f}×)" if c else "–"
+                                      for c in (cells.get((load, threads, "energy", "library", v)) for v in orders)]
+              for load in sm.LOADS for threads in sm.THREADS]
+    if any(c["what"] == "energy" for c in data["cells"]):
+        out += ("\n\nThe padded-batch energy (ratio: the pair-difference reference's time over it; one fresh process "
+                "per cell, `--processes 1` without `--no-energy`):\n\n"
+                + _md(["load", "threads", *(names[v] for v in orders)], energy))
+    return out
+
+
+def shared_machine_alternate(results: Path) -> str:
+    """`shared_machine.py alternate`: the caller's 1 and 2 threads alternated call by call in one process."""
+    records = _load(results, "speed/shared_machine_alternate.json")
+    rows = [[r["what"], r["model"], ", ".join(map(str, r["shape"])), "busy" if r["busy"] else "idle", str(r["rounds"]),
+             f"{1e3 * r['median_s']['1']:.2f}", f"{1e3 * r['median_s']['2']:.2f}",
+             f"{r['median_s']['1'] / r['median_s']['2']:.2f}×"] for r in records]
+    head = ("*`python benchmarks/shared_machine.py alternate --what W --model M --busy`* (one fresh process per row, "
+            "torch first; the caller's thread count alternated 1, 2, 1, 2, … call by call, medians; the ratio: "
+            "1-thread time over 2-thread time)")
+    return head + "\n\n" + _md(["what", "model", "shape", "load", "rounds", "caller 1 thread ms",
+                                 "caller 2 threads ms", "ratio"], rows)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "fresh": fresh,
     "fresh-before-prior": fresh_before_prior,
@@ -563,7 +612,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "pretrained-descent": pretrained_descent,
     "rho-spread": rho_spread, "profiles": profiles,
     "profiles-shared-machine": profiles_shared_machine, "counterexamples": counterexamples, "compile": compile_speed,
-    "certificate": certificate, "shared-machine": shared_machine}
+    "certificate": certificate, "shared-machine": shared_machine, "shared-machine-orders": shared_machine_orders,
+    "shared-machine-alternate": shared_machine_alternate}
 
 
 def regenerate(text: str, results: Path = RESULTS) -> str:

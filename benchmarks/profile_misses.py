@@ -20,7 +20,7 @@ kernel's worker threads count too), with the wall time of the profiled calls:
 from __future__ import annotations
 
 # isort: off
-import unfoldformer  # noqa: F401  (sets OMP_WAIT_POLICY before torch, as every user gets it)
+import unfoldformer  # noqa: F401  (first, as the command line imports it; it leaves OpenMP's settings alone)
 # isort: on
 import argparse
 import fnmatch

@@ -7,6 +7,12 @@ after another with the variants alternated (standard, tied, untied, standard, �
 load) is measured idle and beside one busy single-thread process (a Python loop that never sleeps, started
 before and killed after the condition's cells, the everyday state of a laptop or a shared server).
 
+Variants (`--variants`, alternated cell by cell like the models, so a slow spell of the machine spreads over them):
+`torch-first` (the default and the main table); `unfoldformer-first` imports the library before torch (as the
+command line does), which must change nothing (no import-order trap: the library leaves OpenMP's settings alone);
+`step-region` is `torch-first` with the whole training step (loss, backward, optimiser) inside
+`unfoldformer.threads.free_core_threads()`, as the library's own training loops run it (training cells only).
+
 Cells:
 - `inference` / `train`: a 4-layer encoder, 4 heads, FFN 4·width, on (B, n, width) float32 with no padding:
   `standard` — `nn.TransformerEncoder` (pre-LN, ReLU, dropout 0, final LayerNorm) in its fastest path (eval
@@ -19,8 +25,14 @@ Cells:
   issue's ≥ 50× target.
 
     python benchmarks/shared_machine.py run [--quick] [--processes K] [--shapes 64,16,64 ...] [--json FILE]
+                                            [--variants torch-first unfoldformer-first step-region]
     python benchmarks/shared_machine.py table [--json FILE]              # the markdown table
     python benchmarks/shared_machine.py cell --what inference --model joint-tied --shape 64 16 64 --threads 2
+    python benchmarks/shared_machine.py alternate --what inference --model joint-untied [--busy] [--json FILE]
+
+`alternate` is a diagnosis, not a cell: in one fresh process (torch first) it alternates the caller's thread count
+between 1 and 2 call by call, so a difference between the 1- and 2-thread cells that comes from the process (where
+it runs, its memory) and not from the thread count shows as equal medians here.
 """
 from __future__ import annotations
 
@@ -66,9 +78,12 @@ def _timed(fn, repeats: int, budget_s: float = 4.0) -> list[float]:
     return times
 
 
-def make_step(what: str, model: str, shape: tuple[int, int, int]):
-    """The timed call of an `inference` or `train` cell: a zero-argument function (also `profile_misses.py`'s)."""
+def make_step(what: str, model: str, shape: tuple[int, int, int], step_region: bool = False):
+    """The timed call of an `inference` or `train` cell: a zero-argument function (also `profile_misses.py`'s).
+    `step_region`: the training step runs inside `free_core_threads()` (the library's training loops)."""
     import torch
+
+    from unfoldformer.threads import free_core_threads
 
     B, n, d = shape
     enc = _encoder(model, d)
@@ -83,21 +98,33 @@ def make_step(what: str, model: str, shape: tuple[int, int, int]):
         enc.train()
         opt = torch.optim.AdamW(enc.parameters(), lr=1e-4)
 
-        def step():
+        def plain_step():
             opt.zero_grad(set_to_none=True)
             enc(x).square().mean().backward()
             opt.step()
+
+        def step():
+            if not step_region:
+                return plain_step()
+            with free_core_threads():
+                plain_step()
     return step
 
 
-def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repeats: int) -> dict:
-    import torch  # torch first, as users import it
+ORDERS = ("torch-first", "unfoldformer-first")
+VARIANTS = (*ORDERS, "step-region")           # step-region: torch first, the training step in the thread region
 
-    import unfoldformer  # noqa: F401
+
+def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repeats: int,
+         order: str = "torch-first", step_region: bool = False) -> dict:
+    import importlib
+    for name in ("torch", "unfoldformer") if order == "torch-first" else ("unfoldformer", "torch"):
+        importlib.import_module(name)                               # torch first, as most user scripts import it
+    import torch
     torch.set_num_threads(threads)
     if what == "energy":
         return _energy_cell(repeats)
-    step = make_step(what, model, shape)
+    step = make_step(what, model, shape, step_region)
     for _ in range(2):
         step()
     times = _timed(step, repeats)
@@ -125,32 +152,76 @@ def _energy_cell(repeats: int) -> dict:
     return {"median_s": library, "repeats": len(times), "reference_s": reference, "ratio": reference / library}
 
 
+def alternate(what: str, model: str, shape: tuple[int, int, int], rounds: int) -> dict:
+    """Median wall time of the caller at 1 and at 2 threads, alternated call by call in this process."""
+    import torch
+
+    import unfoldformer  # noqa: F401
+    torch.set_num_threads(2)
+    step = (lambda: _energy_call()) if what == "energy" else make_step(what, model, shape)
+    for _ in range(2):
+        step()
+    times = {1: [], 2: []}
+    for _ in range(rounds):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            t0 = time.perf_counter()
+            step()
+            times[threads].append(time.perf_counter() - t0)
+    return {str(k): statistics.median(v) for k, v in times.items()}
+
+
+def _energy_call():
+    """One call of the energy cell's padded batch (built once)."""
+    global _ENERGY_ARGS
+    import torch
+
+    from energy_speed import imdb_like_lengths, padded
+    from unfoldformer.energy import attention_energy
+    if "_ENERGY_ARGS" not in globals():
+        torch.manual_seed(0)
+        seqs = [torch.randn(k, 300, dtype=torch.float64) * 0.3 for k in imdb_like_lengths(200)[:30]]
+        _ENERGY_ARGS = (*padded(seqs), torch.randn(300, 300, dtype=torch.float64) / 300 ** 0.5)
+    Y, pad, F = _ENERGY_ARGS
+    attention_energy(Y, F, "exp", pad)
+
+
 # ----------------------------------------------------------------------------- the conditions
 def _busy() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def _run_cell(what, model, shape, threads, repeats) -> dict:
+def _run_cell(what, model, shape, threads, repeats, variant="torch-first") -> dict:
+    order = "torch-first" if variant == "step-region" else variant
     cmd = [sys.executable, str(Path(__file__)), "cell", "--what", what, "--model", model,
-           "--shape", *map(str, shape), "--threads", str(threads), "--repeats", str(repeats)]
+           "--shape", *map(str, shape), "--threads", str(threads), "--repeats", str(repeats), "--order", order,
+           *(["--step-region"] if variant == "step-region" else [])]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: int = 1) -> dict:
+def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: int = 1,
+        variants: tuple[str, ...] = ("torch-first",)) -> dict:
     """Every cell of every condition, each the median over `processes` fresh processes (rounds: each round runs
-    every cell once, the models alternating within a shape, so a slow spell of the machine spreads over the
-    variants); the file is rewritten whole after each process, and a rerun continues where it stopped."""
+    every cell once, the models and variants alternating within a shape, so a slow spell of the machine spreads
+    over them); the file is rewritten whole after each process, and a rerun continues where it stopped (a file
+    measured with other variants is refused, not mixed)."""
     from tqdm import tqdm
     repeats = 3 if quick else 7
-    cells = [(w, m, s) for s in shapes for w in ("inference", "train") for m in MODELS]
+    cells = [(w, m, s, v) for s in shapes for w in ("inference", "train") for m in MODELS for v in variants
+             if not (v == "step-region" and w != "train")]        # the region changes only the training step
     if energy:
-        cells.append(("energy", "library", (30, 2500, 300)))
+        cells += [("energy", "library", (30, 2500, 300), v) for v in variants if v != "step-region"]
     results = json.loads(out.read_text()) if out.exists() else {"cells": []}
+    found = results.get("variants", ["torch-first"])
+    if results["cells"] and found != list(variants):
+        raise SystemExit(f"{out} was measured with variants {found}, not {list(variants)}: pass another --json")
+    results["variants"] = list(variants)
     for c in results["cells"]:                                      # cells measured before --processes: one each
         c.setdefault("process_medians", [c["median_s"]])
-    index = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
+        c.setdefault("variant", "torch-first")                      # cells measured before --variants
+    index = {_key(c): c for c in results["cells"]}
     bar = tqdm(total=len(LOADS) * len(THREADS) * len(cells) * processes, desc="processes")
     for load in LOADS:
         busy = _busy() if load == "busy" else None
@@ -158,16 +229,16 @@ def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: i
             time.sleep(0.5 if busy else 0.0)
             for threads in THREADS:
                 for round_ in range(processes):
-                    for what, model, shape in cells:                # the models alternate within each shape
+                    for what, model, shape, variant in cells:       # models, variants alternate in a shape
                         bar.update()
-                        key = (load, threads, what, model, tuple(shape))
+                        key = (load, threads, what, model, tuple(shape), variant)
                         cell = index.get(key)
                         if cell is not None and len(cell["process_medians"]) > round_:
                             continue
-                        r = _run_cell(what, model, shape, threads, repeats)
+                        r = _run_cell(what, model, shape, threads, repeats, variant)
                         if cell is None:
                             cell = index[key] = {"load": load, "threads": threads, "what": what, "model": model,
-                                                 "shape": list(shape), "process_medians": []}
+                                                 "shape": list(shape), "variant": variant, "process_medians": []}
                             results["cells"].append(cell)
                         cell["process_medians"].append(r["median_s"])
                         cell.update(r, median_s=statistics.median(cell["process_medians"]), loadavg=os.getloadavg()[0])
@@ -180,6 +251,10 @@ def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: i
                 busy.wait()
     bar.close()
     return results
+
+
+def _key(c: dict) -> tuple:
+    return c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"]), c.get("variant", "torch-first")
 
 
 def _write(path: Path, data: dict) -> None:
@@ -201,7 +276,8 @@ def _scaling(one: dict | None, two: dict | None) -> str:
 def table(results: dict) -> str:
     """Three markdown tables: times and ratios against the standard encoder, 2-thread over 1-thread speed, the
     padded-batch energy against its pair-difference reference."""
-    cells = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]}
+    cells = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]
+             if c.get("variant", "torch-first") == "torch-first"}
     shapes = sorted({k[4] for k in cells if k[2] != "energy"}, key=lambda s: s[1] * s[2])
     rows = [(load, what, shape) for load in LOADS for what in ("inference", "train") for shape in shapes]
     ratios = ["| load | what | shape (B, n, d) | threads | standard ms | joint tied ms (×) | joint untied ms (×) |",
@@ -218,7 +294,7 @@ def table(results: dict) -> str:
         if all(scale):
             scaling.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {' | '.join(scale)} |")
     lines = ratios + ["", "Speed-up from the second thread (> 1×: faster at 2 threads):", ""] + scaling
-    energy = [c for c in results["cells"] if c["what"] == "energy"]
+    energy = [c for c in results["cells"] if c["what"] == "energy" and c.get("variant", "torch-first") == "torch-first"]
     if energy:
         lines += ["", "| load | threads | padded-batch energy s | pair-difference reference s | ratio |",
                   "|---|---|---|---|---|"]
@@ -237,20 +313,49 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--shape", type=int, nargs=3, default=(64, 16, 64))
     c.add_argument("--threads", type=int, default=1)
     c.add_argument("--repeats", type=int, default=7)
+    c.add_argument("--order", choices=ORDERS, default="torch-first")
+    c.add_argument("--step-region", action="store_true")
     r = sub.add_parser("run")
     r.add_argument("--quick", action="store_true", help="3 repeats per cell instead of 7")
     r.add_argument("--no-energy", action="store_true")
     r.add_argument("--processes", type=int, default=1, help="fresh processes per cell (their median is the cell)")
     r.add_argument("--shapes", nargs="+", default=None, metavar="B,N,D", help="only these shapes (default: all)")
     r.add_argument("--json", type=Path, default=RESULTS)
+    r.add_argument("--variants", nargs="+", choices=VARIANTS, default=["torch-first"],
+                   help="alternated cell by cell (module doc); the table shows torch-first")
+    a = sub.add_parser("alternate")
+    a.add_argument("--what", choices=("inference", "train", "energy"), required=True)
+    a.add_argument("--model", default="joint-untied")
+    a.add_argument("--shape", type=int, nargs=3, default=(64, 16, 64))
+    a.add_argument("--rounds", type=int, default=40)
+    a.add_argument("--busy", action="store_true", help="beside one busy single-thread process")
+    a.add_argument("--json", type=Path, default=None, help="append the result to this file's list")
     t = sub.add_parser("table")
     t.add_argument("--json", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     if args.command == "cell":
-        print(json.dumps(cell(args.what, args.model, tuple(args.shape), args.threads, args.repeats)))
+        print(json.dumps(cell(args.what, args.model, tuple(args.shape), args.threads, args.repeats, args.order,
+                              args.step_region)))
+    elif args.command == "alternate":
+        busy = _busy() if args.busy else None
+        try:
+            time.sleep(0.5 if busy else 0.0)
+            medians = alternate(args.what, args.model, tuple(args.shape), args.rounds)
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+        model, shape = ("library", [30, 2500, 300]) if args.what == "energy" else (args.model, list(args.shape))
+        record = {"what": args.what, "model": model, "shape": shape, "busy": args.busy,
+                  "rounds": args.rounds, "median_s": medians, "loadavg": os.getloadavg()[0]}
+        print(json.dumps(record))
+        if args.json is not None:
+            old = json.loads(args.json.read_text()) if args.json.exists() else []
+            _write(args.json, old + [record])
     elif args.command == "run":
         shapes = SHAPES if args.shapes is None else [tuple(int(v) for v in item.split(",")) for item in args.shapes]
-        print(table(run(args.quick, args.json, shapes, energy=not args.no_energy, processes=args.processes)))
+        print(table(run(args.quick, args.json, shapes, energy=not args.no_energy, processes=args.processes,
+                        variants=tuple(args.variants))))
     else:
         print(table(json.loads(args.json.read_text())))
 

@@ -112,6 +112,12 @@ NEW_BLOCKS = {
                  _scale(("cases", "lp-4096", "variants", "lp", "1", "wall_ms"), 2.0)),
     "compile": ("docs/results/speed.md", "benchmarks/results/speed/compile_speed_joint_1thread.json",
                 _scale(("results", "64", "forward", "median_s", "eager"), 2.0)),
+    "shared-machine": ("docs/results/speed.md", "benchmarks/results/speed/shared_machine.json",
+                       _scale(("cells", 0, "median_s"), 2.0)),
+    "shared-machine-orders": ("docs/results/speed.md", "benchmarks/results/speed/shared_machine_variants.json",
+                              _scale(("cells", 0, "median_s"), 2.0)),
+    "shared-machine-alternate": ("docs/results/speed.md", "benchmarks/results/speed/shared_machine_alternate.json",
+                                 _scale((0, "median_s", "1"), 2.0)),
     # read from the test that asserts the rates, not from a result file (test_counterexample_table_...)
     "counterexamples": ("docs/theory.md", "tests/test_steps.py", None),
 }

@@ -1,4 +1,5 @@
-"""The OpenMP wait policy unfoldformer chooses (src/unfoldformer/__init__.py; docs/results/speed.md, "Threads")."""
+"""Threads: OpenMP's wait policy is left alone in either import order, and the library's calls run at the free
+cores' thread count (src/unfoldformer/threads.py; docs/results/speed.md, "Threads")."""
 from __future__ import annotations
 
 import os
@@ -19,13 +20,12 @@ def _policy(first: str, env_policy: str | None) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.parametrize("first, env_policy, expected", [
-    ("import unfoldformer", None, "PASSIVE"),              # imported before torch: workers sleep when idle
-    ("import unfoldformer", "ACTIVE", "ACTIVE"),           # the user's choice stands
-    ("import torch, unfoldformer", None, "None"),          # too late for OpenMP: left unset, not pretended
-])
-def test_the_wait_policy_is_passive_unless_chosen_or_too_late(first, env_policy, expected):
-    assert _policy(first, env_policy) == expected
+@pytest.mark.parametrize("first", ["import unfoldformer, torch", "import torch, unfoldformer"])
+@pytest.mark.parametrize("env_policy", [None, "ACTIVE", "PASSIVE"])
+def test_the_wait_policy_is_the_users_in_either_import_order(first, env_policy):
+    # no import-order trap: importing unfoldformer first (as the command line does) must not change what OpenMP
+    # reads when torch starts, so both orders run the same runtime settings
+    assert _policy(first, env_policy) == str(env_policy)
 
 
 # ----------------------------------------------------------------------------- threads for the free cores
@@ -250,3 +250,37 @@ def test_a_backward_pass_that_raises_gives_the_count_back_at_the_next_library_ca
     with torch.no_grad():
         enc(x)
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("app", ["lm", "classifier"])
+def test_the_training_loops_whole_step_runs_at_the_free_cores(fake_load, app, tmp_path, sst2_dir):
+    """The library's own training loops (`unfoldformer lm train`, `unfoldformer train`) run the loss, the backward
+    pass and the optimiser step at the free cores' count too, not only the model's forward: beside a busy process
+    a parallel region at the caller's 2 threads would stall on the shared core. Idle, the step runs at 2."""
+    import torch
+
+    from unfoldformer.cli import main
+    seen = []
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    hook = register_optimizer_step_pre_hook(lambda opt, *_: seen.append(torch.get_num_threads()))
+    try:
+        for others, expected in ((1.0, 1), (0.0, 2)):
+            fake_load(others=others, own=1.0)
+            seen.clear()
+            out = tmp_path / f"{app}-{others}"
+            if app == "lm":
+                data = tmp_path / "text.txt"
+                data.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 12)
+                argv = ["lm", "train", "--out", str(out), "--data", str(data), "--iters", "3", "--no-progress",
+                        "--layers", "1", "--heads", "2", "--width", "16", "--context", "8", "--batch", "4",
+                        "--warmup", "1", "--eval-interval", "3"]
+                assert main(argv) == 0
+            else:
+                from conftest import SMALL_TRAIN
+                from unfoldformer.train import TrainConfig, train
+                train(TrainConfig().with_overrides([*SMALL_TRAIN, "--run.threads", "2",   # the caller's 2 threads
+                                                    "--data.data_dir", str(sst2_dir), "--run.out_dir", str(out)]))
+            assert seen and set(seen) == {expected}, (others, seen)
+            assert torch.get_num_threads() == 2                     # the caller's count after the run
+    finally:
+        hook.remove()

@@ -18,35 +18,29 @@ sub-packages: `data`, `train`, `paper` (the reproduction), `probe` (pretrained m
 the command line `cli`.
 """
 
-import os as _os
-import sys as _sys
+# OpenMP's wait policy is left as the user (or PyTorch's default) has it, whatever the import order. Earlier versions
+# set OMP_WAIT_POLICY=PASSIVE when imported before torch; measured, that made small-shape work slower at 2 threads
+# than at 1 on an idle machine (every parallel region paid a wake-up) and made the library's speed depend on the
+# import order (docs/results/speed.md, "Threads"). The library's forwards and energies instead size torch's thread
+# count to the cores other processes leave free (`threads.free_core_threads`; `UNFOLDFORMER_THREADS=fixed` turns
+# that off), which covers a shared machine in either order.
 
-# OpenMP worker threads that wait for work sleep instead of spinning, unless the user chose otherwise: spinning
-# workers hold a core for milliseconds after every parallel region, which on a machine whose cores are shared
-# (another process, or the blocked kernel's worker threads, `blockpool`) made 2 threads slower than 1
-# (docs/results/speed.md, "Threads"). OpenMP reads the variable when torch is first imported, so this takes
-# effect only if unfoldformer is imported first (the command line always is). Whatever the import order, the
-# library's forwards and energies size torch's thread count to the cores other processes leave free
-# (`threads.free_core_threads`; `UNFOLDFORMER_THREADS=fixed` turns that off).
-if "torch" not in _sys.modules:
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from .baselines import StandardTransformer  # noqa: E402
-from .causal import DecoderOutput  # noqa: E402
-from .classifier import SequenceClassifier, build_encoder  # noqa: E402
-from .config import PRESETS, ModelConfig  # noqa: E402
-from .decoder import CertifiedDecoder, CertifiedDecoderLayer  # noqa: E402
-from .descent import descent_tolerance  # noqa: E402
-from .encoder import CertifiedEncoder, CertifiedEncoderLayer  # noqa: E402
-from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_ffn_energy  # noqa: E402
-from .errors import ConfigError, UnfoldformerError  # noqa: E402
-from .hub import PretrainedError, from_pretrained  # noqa: E402
-from .inference import Predictor, load  # noqa: E402
-from .model import EncoderOutput, UnfoldedTransformer  # noqa: E402
-from .peers import Crate, EnergyTransformer  # noqa: E402
-from .rho import Rho, check_rho, custom_rho, get_rho, register_rho  # noqa: E402
-from .steps import anchored_attention_step, attention_step, symmetric_ffn_step, tied_ffn_step  # noqa: E402
-from .version import __version__ as __version__  # noqa: E402 (re-exported)
+from .baselines import StandardTransformer
+from .causal import DecoderOutput
+from .classifier import SequenceClassifier, build_encoder
+from .config import PRESETS, ModelConfig
+from .decoder import CertifiedDecoder, CertifiedDecoderLayer
+from .descent import descent_tolerance
+from .encoder import CertifiedEncoder, CertifiedEncoderLayer
+from .energy import anchor_energy, attention_energy, symmetric_ffn_energy, tied_ffn_energy
+from .errors import ConfigError, UnfoldformerError
+from .hub import PretrainedError, from_pretrained
+from .inference import Predictor, load
+from .model import EncoderOutput, UnfoldedTransformer
+from .peers import Crate, EnergyTransformer
+from .rho import Rho, check_rho, custom_rho, get_rho, register_rho
+from .steps import anchored_attention_step, attention_step, symmetric_ffn_step, tied_ffn_step
+from .version import __version__ as __version__  # (re-exported)
 
 __all__ = [
     "ConfigError", "Crate", "EncoderOutput", "EnergyTransformer", "ModelConfig", "PRESETS", "Predictor", "Rho",

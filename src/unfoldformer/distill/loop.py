@@ -34,6 +34,7 @@ from ..data.datasets import dataset_files
 from ..errors import ConfigError, OutputError
 from ..persist import save_model
 from ..runs import folder_lock, new_run_id
+from ..threads import free_core_threads
 from ..train.build import lr_factor
 from ..train.checkpoint import load_train_state, save_train_state
 from ..train.distributed import DistInfo, distributed_run
@@ -221,15 +222,16 @@ class _Run:
         rows = self.train_rows[shard(batch, self.dist.rank, self.dist.world)]
         ids, mask = self.corpus.batch(rows, self.teacher.word_pieces)
         ids, mask = ids.to(self.dist.device), mask.to(self.dist.device)
-        target = self.teacher.states(ids, mask)                                   # (B, n, d)
-        pred = self.model(ids, mask)                                              # (B, n, d)
-        loss, token, sentence = distill_loss(pred, target, mask, cfg.loss, cfg.sentence_weight)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite distillation loss at step {self.step}")
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.grad_clip)
-        self.optimizer.step()
+        with free_core_threads():                      # the whole step at the free cores' thread count (threads.py)
+            target = self.teacher.states(ids, mask)                               # (B, n, d)
+            pred = self.model(ids, mask)                                          # (B, n, d)
+            loss, token, sentence = distill_loss(pred, target, mask, cfg.loss, cfg.sentence_weight)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite distillation loss at step {self.step}")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.grad_clip)
+            self.optimizer.step()
         self.step += 1
         self._seen += len(batch)
         if self.step % cfg.log_every == 0 or self.step == cfg.steps:

@@ -26,6 +26,7 @@ from ..errors import ConfigError
 from ..persist import save_model
 from ..persist.manifest import run_folder_kind
 from ..runs import check_at_least, check_output_apart, check_output_location, resolve_device
+from ..threads import free_core_threads
 from ..train.build import lr_factor
 from ..train.distributed import DistInfo, distributed_run
 from ..utils import atomic_write_bytes, atomic_write_text, write_json
@@ -272,13 +273,14 @@ def _train(cfg: LMTrainConfig, out: Path, resume: bool, info: DistInfo, progress
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = batches(train_ids, cfg.context, cfg.batch, generator)           # (batch, context): every rank's
-        _, loss = forward(x[rank::world].to(device), y[rank::world].to(device))   # this rank's rows
-        if not torch.isfinite(loss):
-            raise ConfigError(f"the training loss is not finite at step {step + 1} ({float(loss)}); lower --lr")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        with free_core_threads():                      # the whole step at the free cores' thread count (threads.py)
+            _, loss = forward(x[rank::world].to(device), y[rank::world].to(device))   # this rank's rows
+            if not torch.isfinite(loss):
+                raise ConfigError(f"the training loss is not finite at step {step + 1} ({float(loss)}); lower --lr")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
         step += 1
         reported = loss.detach()
         if world > 1:                                  # equal shares: the mean of the ranks' means, the batch's

@@ -32,6 +32,7 @@ from ..errors import UnfoldformerError
 from ..persist.rebuild import load_init_weights, resolve_init
 from ..recipe import ConfigError, TrainConfig
 from ..runs import MANIFEST_NAME, claim_run_folder, folder_lock, new_run_id, verify_manifest, write_manifest
+from ..threads import free_core_threads
 from ..utils import atomic_write_text, environment, write_json
 from .build import (
     _seed_all,
@@ -238,21 +239,25 @@ class Trainer:
         ids, mask, labels = self.train_ds.collate(part, cfg.data.max_length, self.embeddings.pad_id)
         ids, mask, labels = ids.to(d.device), mask.to(d.device), labels.to(d.device)
         start = time.perf_counter()
-        with self._divergence_check():
-            logits, _ = self.ddp(ids, mask)
-        loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
-        # DDP averages gradients over ranks: scaling by world / global batch gives the global mean,
-        # by world the global sum (`optim.loss_reduction`).
-        loss = loss_sum * (d.world / len(batch) if cfg.optim.loss_reduction == "mean" else d.world)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         log = (self.state["step"] + 1) % cfg.run.log_every == 0
-        if log:
-            row = {"step": self.state["step"] + 1, "lr": self.scheduler.get_last_lr()[0],
-                   "grad_norm": grad_norm(self.model.parameters()), **curve_statistics(self.model, ids, mask)}
-        if cfg.optim.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.optim.grad_clip)
-        self.optimizer.step()
+        # the whole step (loss, backward, optimiser) at the free cores' thread count, not only the model's calls:
+        # beside a busy process a parallel region at the full count stalls on the shared core (threads.py)
+        with free_core_threads():
+            with self._divergence_check():
+                logits, _ = self.ddp(ids, mask)
+            loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
+            # DDP averages gradients over ranks: scaling by world / global batch gives the global mean,
+            # by world the global sum (`optim.loss_reduction`).
+            loss = loss_sum * (d.world / len(batch) if cfg.optim.loss_reduction == "mean" else d.world)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if log:
+                row = {"step": self.state["step"] + 1, "lr": self.scheduler.get_last_lr()[0],
+                       "grad_norm": grad_norm(self.model.parameters()), **curve_statistics(self.model, ids, mask)}
+            if cfg.optim.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad],
+                                               cfg.optim.grad_clip)
+            self.optimizer.step()
         self.scheduler.step()
         value = loss_sum.item()
         if not math.isfinite(value):
