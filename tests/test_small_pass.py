@@ -177,3 +177,96 @@ def test_padded_keys_take_exactly_no_weight_whatever_they_hold(dtype, garbage, d
     rows = _rows_with_mass(valid, diagonal)
     assert torch.equal(a.log_mass[rows], b.log_mass[rows])
     assert torch.equal(a.average[rows], b.average[rows])
+
+
+# ----------------------------------------------------------------------------- the row shift ½‖a_i‖² + max|p|
+def _row_max_calls(monkeypatch):
+    calls = []
+    real = SM.exp_from_row_max
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(SM, "exp_from_row_max", counting)
+    return calls
+
+
+@pytest.mark.parametrize("kind,shrink,diagonal,shifted", [
+    ("tiny", 1.0, False, True), ("identical", 1.0, False, True), ("clustered", 1.0, False, True),
+    ("offset", 0.5, True, True),                                    # centred first: a common offset costs nothing
+    ("plain", 1.0, False, False), ("large", 1.0, False, False),     # 2R² beyond the span: the row maximum
+    ("all-but-one-padded", 0.5, False, False),                      # a row without another real key
+    ("all-but-one-padded", 0.5, True, True),                        # with the diagonal every real row has itself
+])
+def test_the_row_shift_replaces_the_row_maximum_only_where_its_span_allows(monkeypatch, kind, shrink, diagonal,
+                                                                           shifted):
+    """Float32 short passes shift row i by ½‖a_i‖² + max|p| instead of its maximum exactly where 2R² + 2 max|p|
+    stays within SHIFT_SPAN of the exponential's floor and every row keeps a real key; the answers stay within
+    the float32 pass's error bound of the row-maximum path (below, at the same inputs)."""
+    calls = _row_max_calls(monkeypatch)
+    C, valid, scales = _tokens(kind, 16, dtype=torch.float32)
+    C = shrink * C if kind != "offset" else 1000.0 + shrink * (C - 1000.0)
+    got = attention_pass(C, scales, valid, diagonal=diagonal)
+    assert (not calls) == shifted
+    monkeypatch.setattr(SM, "SHIFT_SPAN", -1.0)                     # no span qualifies: the row maximum
+    ref = attention_pass(C, scales, valid, diagonal=diagonal)
+    assert calls
+    rows = _rows_with_mass(valid, diagonal)
+    u = torch.finfo(torch.float32).eps / 2
+    a = (C.double() - C.double().mean(1, keepdim=True)) * scales.double()[:, None]
+    delta = float(logit_error_bound(a.square().sum(-1).max(), C.shape[-1], torch.float32)) + 2 * u
+    # both within 4δ + (n + 2)u of the exact log mass (test above), so within twice that of each other
+    assert ((got.log_mass - ref.log_mass).abs()[rows] <= 2 * (4 * delta + 18 * u)).all()
+    scale = float(C.abs().max())
+    assert ((got.average - ref.average).abs()[rows] <= 2 * (16 * delta + 18 * u) * scale).all()
+
+
+def test_the_tokens_of_the_shift_cases_span_what_the_test_claims():
+    """The cases above sit on the intended side of the span (so the path assertions test the rule, not luck)."""
+    floor = -SM.exp_floor(torch.float32)
+    for kind, shrink, inside in (("tiny", 1.0, True), ("identical", 1.0, True), ("clustered", 1.0, True),
+                                 ("plain", 0.5, True), ("plain", 1.0, False), ("large", 1.0, False)):
+        C, valid, scales = _tokens(kind, 16, dtype=torch.float32)
+        a = (C.double() - C.double().mean(1, keepdim=True)) * shrink * scales.double()[:, None]
+        assert (2 * float(a.square().sum(-1).max()) <= SM.SHIFT_SPAN * floor) == inside, kind
+
+
+@pytest.mark.parametrize("kind", ["plain", "tiny", "identical", "offset"])
+@pytest.mark.parametrize("diagonal,with_prior", [(False, False), (True, False), (False, True)])   # priors: off-diagonal
+def test_the_shifted_pass_equals_the_pair_definition_and_its_gradients_the_kernels(monkeypatch, kind, diagonal,
+                                                                                  with_prior):
+    """Float64 (the shift is chosen for float32 only, so here it is forced): masses and averages equal the pair
+    definition z_ij = ½‖a_i − a_j‖² to round-off (with a prior: the row-maximum path's, equal to the pair
+    definition in the tests of position priors), and the gradients in C, the scales and the prior equal
+    those through the flash kernel, whose backward is its own (1e-10: sums of 16 terms in float64)."""
+    real = SM._small_pass
+
+    def shifted(C, a, half, valid, diagonal, average, prior=None, row_shift=None):
+        p_max = 0.0 if prior is None else float(prior.detach().abs().max())
+        return real(C, a, half, valid, diagonal, average, prior, p_max)
+    C, valid, scales = _tokens(kind, 16)
+    C = 0.5 * C if kind == "plain" else C                           # 2R² inside the span (float64's: 354)
+    g = torch.Generator().manual_seed(3)
+    prior = 0.3 * torch.randn(C.shape[0], 16, C.shape[2], generator=g, dtype=D64) if with_prior else None
+    w_avg = torch.randn(C.shape, generator=g, dtype=D64)
+    results, grads = [], []
+    for path in ("shifted", "kernel"):
+        if path == "shifted":
+            monkeypatch.setattr(SM, "_small_pass", shifted)
+        Cg, sg = C.clone().requires_grad_(), scales.clone().requires_grad_()
+        pg = None if prior is None else prior.clone().requires_grad_()
+        res = attention_pass(Cg, sg, valid, diagonal=diagonal, fused=None if path == "shifted" else True, prior=pg)
+        loss = (res.average * w_avg).sum() + res.log_mass.sin().sum()
+        grads.append(torch.autograd.grad(loss, [t for t in (Cg, sg, pg) if t is not None]))
+        results.append(res)
+        monkeypatch.setattr(SM, "_small_pass", real)
+    for mine, kernel in zip(*grads):
+        assert torch.allclose(mine, kernel, rtol=1e-10, atol=1e-10)
+    got = results[0]
+    if prior is None:
+        log_mass, avg = _pair_reference(C, valid, scales, diagonal)
+        assert torch.allclose(got.log_mass, log_mass, rtol=1e-12, atol=1e-12)
+        assert ((got.average - avg).abs() <= 1e-12 * (1 + C.abs().max())).all()
+    else:
+        assert torch.allclose(got.log_mass, results[1].log_mass, rtol=1e-12, atol=1e-12)
+        assert torch.allclose(got.average, results[1].average, rtol=1e-12, atol=1e-12)
