@@ -16,9 +16,11 @@ every `INTERVAL` seconds, lowers torch's intra-op thread count for the call to
 and restores the count it found when the call returns: the caller's count is the ceiling, and it is never
 changed outside the library's calls. A backward pass through a model's output runs at the count its forward
 ran at (`hold_for_backward`), and the caller's count is restored when that pass ends; the optimiser step runs
-at the caller's count. Idle, nothing changes. No `/proc` (not Linux), or `UNFOLDFORMER_THREADS=fixed` in the
-environment, or `set_policy("fixed")`: the count is left alone. Cost: two small file reads per `INTERVAL`; two calls to
-`torch.set_num_threads` per lowered call.
+at the caller's count, unless the caller runs the whole step inside `free_core_threads()` as the library's own
+training loops do (`train/loop.py`, `lm/train.py`, `distill/loop.py`): beside a busy process the loss and the
+optimiser's parallel regions then stop waiting for the shared core too. Idle, nothing changes. No `/proc` (not
+Linux), or `UNFOLDFORMER_THREADS=fixed` in the environment, or `set_policy("fixed")`: the count is left alone.
+Cost: two small file reads per `INTERVAL`; two calls to `torch.set_num_threads` per lowered call.
 """
 from __future__ import annotations
 
