@@ -253,25 +253,20 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     if prior is not None and diagonal:
         raise ValueError("a pass with a position prior is off-diagonal: the step keeps the self pair's weight 1")
     weights = valid.to(C.dtype)                                    # (B, n)
-    counts = weights.sum(1)                                        # (B,) real tokens per sample
     mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
-    mean = mean / counts.clamp_min(1.0)[:, None, None, None]       # (B, 1, H, dh) mean of the real c_i
+    mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
     s = torch.ones(H, 1, dtype=C.dtype, device=C.device) if scales is None else scales.to(C.dtype)[:, None]
     if metric is None:
         a = (C - mean) * s                                         # (B, n, H, dh) s_h (c_i − mean)
     else:
         a = torch.einsum("bnhk,hjk->bnhj", C - mean, metric.to(C.dtype))   # (B, n, H, dh) (c_i − mean) A_hᵀ
     half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
-    row_shift = None                                               # `_small_pass`: ½‖a_i‖² + this instead of a row max
     if C.dtype != torch.float64 and n > 1:
-        radius_sq = float(2 * half.detach()[..., 0].where(valid[..., None], 0.0).max())   # R² = max ‖a_i‖², real i
-        p_max = 0.0 if prior is None else float(prior.detach().where(valid[..., None], 0.0).abs().max())
-        # + u|p_j| in the key column, u|p_i| on the mass
-        bound = logit_error_bound(radius_sq, dh, C.dtype) + torch.finfo(C.dtype).eps * p_max
-        if 2 * radius_sq + 2 * p_max <= SHIFT_SPAN * -exp_floor(C.dtype) \
-                and (diagonal or bool(valid.all()) or float(counts.min()) >= 2):
-            row_shift = p_max
-        if bound > PRECISION_TARGET:
+        radius_sq = 2 * half.detach()[..., 0].where(valid[..., None], 0.0).max()
+        bound = logit_error_bound(radius_sq, dh, C.dtype)
+        if prior is not None:                                      # + u|p_j| in the key column, u|p_i| on the mass
+            bound = bound + torch.finfo(C.dtype).eps * prior.detach().where(valid[..., None], 0.0).abs().max()
+        if float(bound) > PRECISION_TARGET:
             wide = attention_pass(C.double(), None if scales is None else scales.double(), valid, diagonal=diagonal,
                                   average=average, rows=rows, fused=fused,
                                   metric=None if metric is None else metric.double(),
@@ -280,7 +275,7 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
             return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
     if fused is None and n <= SMALL_PASS_TOKENS and B * H * n * n <= SMALL_PASS_ENTRIES \
             and pass_kind(C.device.type, C.dtype) == "cpu-flash":
-        return _small_pass(C, a, half, valid, diagonal, average, prior, row_shift)
+        return _small_pass(C, a, half, valid, diagonal, average, prior)
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
     key_column = key_bias(valid, C.dtype) - half                   # (B, n, H, 1) −½‖a_j‖², MASKED for padded keys
     if prior is not None:
@@ -346,16 +341,6 @@ def logit_softmax(logits: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return _LogitSoftmax.apply(logits, v)
 
 
-def exp_floor(dtype: torch.dtype) -> float:
-    """½ log(tiny): the floor of shifted logits before an exponential (`exp_from_row_max`)."""
-    return 0.5 * math.log(torch.finfo(dtype).tiny)
-
-
-#: `_small_pass` shifts row i by ½‖a_i‖² + max|p| instead of its maximum where every real logit lies within this
-#: share of |exp_floor| below that shift (2R² + 2 max|p|): no real weight then reaches the floor.
-SHIFT_SPAN = 0.9
-
-
 def exp_from_row_max(logits: Tensor, *, in_place: bool = False) -> tuple[Tensor, Tensor]:
     """(e^{ℓ − m} floored, m): the exponentials of logits (…, n) shifted by their row maximum m (…, 1), taken
     without autograd (the softmax and the log-sum-exp do not depend on it); `in_place` reuses the logits' buffer.
@@ -366,33 +351,24 @@ def exp_from_row_max(logits: Tensor, *, in_place: bool = False) -> tuple[Tensor,
     products with the values out of the subnormal range too (a floor at log(tiny) + 1 made some forwards 40 %
     slower through subnormal products). Masked entries come out at that floor, not 0: callers zero them."""
     top = logits.detach().amax(-1, keepdim=True)
-    floor = exp_floor(logits.dtype)
+    floor = 0.5 * math.log(torch.finfo(logits.dtype).tiny)
     if in_place:
         return logits.sub_(top).clamp_(min=floor).exp_(), top
     return (logits - top).clamp(min=floor).exp(), top
 
 
 def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool,
-                prior: Tensor | None = None, row_shift: float | None = None) -> AttentionPass:
+                prior: Tensor | None = None) -> AttentionPass:
     """The pass of short sequences from explicit logits a_i·a_j − ½‖a_j‖² (B, H, n, n): the same quantities as the
     flash kernel, which at these lengths ran slower at 2 threads than at 1 (B 64, 4 heads, n 16: 0.33 ms at 1
     thread, 0.73 ms at 2, inside a 4-layer forward; docs/results/speed.md), with one batched product for the
     logits and one for the average. The row maximum m_i is a constant of the gradient (the softmax and the
     log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is
     reused in place (`exp_from_row_max`). Padded keys and j = i get the logit MASKED as in the kernel's pass (a row
-    with no other real key: log S_i ≈ MASKED). `prior` (B, n, H): p_j added to the key term, p_i to the log mass.
-
-    `row_shift` (the caller's max|p| over real tokens, or None): shift row i by m_i = ½‖a_i‖² + max|p| instead of its
-    maximum, which saves the row-maximum reduction (the slowest step of this pass at n = 16). ℓ_ij − m_i =
-    −½‖a_i − a_j‖² + p_j − max|p| lies in [−2R² − 2 max|p|, 0], so the caller passes it only where that span keeps
-    every real weight above the exponential's floor (`SHIFT_SPAN`) and every row has a real key besides itself; then
-    log S_i = log Σ_j e^{ℓ_ij − m_i} + max|p| with no ½‖a_i‖² added and taken away again. m_i stays in the graph:
-    it is part of the function log S_i of a."""
+    with no other real key: log S_i ≈ MASKED). `prior` (B, n, H): p_j added to the key term, p_i to the log mass."""
     B, n, H, dh = C.shape
     at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
-    padded = not bool(valid.all())
-    # (B, n, H) −½‖a_j‖², MASKED for padded keys (0 − x is −x exactly: no bias without padding)
-    key_term = key_bias(valid, C.dtype)[..., 0] - half[..., 0] if padded else -half[..., 0]
+    key_term = key_bias(valid, C.dtype)[..., 0] - half[..., 0]     # (B, n, H) −½‖a_j‖², MASKED for padded keys
     if prior is not None:
         key_term = key_term + prior.to(C.dtype)                    # + p_j
     key_term = key_term.transpose(1, 2)                            # (B, H, n)
@@ -402,14 +378,8 @@ def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: boo
     logits = logits.view(B, H, n, n)
     in_place = not (torch.is_grad_enabled() and logits.requires_grad)
     # the masked entries (padded keys, j = i) are set to exactly 0 after the exponential, as in the kernel
-    if row_shift is None:
-        weights, top = exp_from_row_max(logits, in_place=in_place)  # (B, H, n, n) e^{ℓ_ij − m_i}, (B, H, n, 1)
-    else:
-        top = half.transpose(1, 2)                                 # (B, H, n, 1) ½‖a_i‖² (max|p| added below)
-        if row_shift:
-            top = top + row_shift
-        floor = exp_floor(C.dtype)                                 # reached only by masked entries (docstring)
-        weights = logits.sub_(top).clamp_(min=floor).exp_() if in_place else (logits - top).clamp(min=floor).exp()
+    weights, top = exp_from_row_max(logits, in_place=in_place)     # (B, H, n, n) e^{ℓ_ij − m_i}, (B, H, n, 1)
+    padded = not bool(valid.all())
     if in_place:
         if not diagonal:
             weights.diagonal(dim1=-2, dim2=-1).zero_()
@@ -420,12 +390,7 @@ def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: boo
             weights = weights * _small_pass_keep(valid, diagonal, C.dtype)   # (B, 1, n, n) zeros where masked
     # (B, H, n, 1); 0 only in a row with no other real key, whose log mass is then about MASKED
     total = weights.sum(-1, keepdim=True).clamp_min(torch.finfo(C.dtype).tiny)
-    if row_shift is None:
-        log_mass = (top + total.log())[..., 0].transpose(1, 2) - half[..., 0]   # (B, n, H) LSE_i − ½‖a_i‖²
-    else:
-        log_mass = total.log()[..., 0].transpose(1, 2)             # (B, n, H) log Σ_j e^{−½‖a_i − a_j‖² + p_j − max|p|}
-        if row_shift:
-            log_mass = log_mass + row_shift
+    log_mass = (top + total.log())[..., 0].transpose(1, 2) - half[..., 0]   # (B, n, H) LSE_i − ½‖a_i‖²
     if prior is not None:
         log_mass = log_mass + prior.to(C.dtype)                    # + p_i
     avg = None
