@@ -571,11 +571,11 @@ def shared_machine_orders(results: Path) -> str:
             f"{' or '.join(map(str, counts))} fresh processes, the variants alternated cell by cell; `step in region`: "
             "torch first, the whole training step inside `free_core_threads()`, training only)")
     out = head + "\n\n" + _md(["load", "what", "model", "threads", *(names[v] + " ms" for v in variants)], rows)
-    orders = [v for v in variants if v != "step-region"]
-    energy = [[load, str(threads)] + [f"{c['median_s']:.3f} s ({c['ratio']:.0f}×)" if c else "–"
-                                      for c in (cells.get((load, threads, "energy", "library", v)) for v in orders)]
-              for load in sm.LOADS for threads in sm.THREADS]
     if any(c["what"] == "energy" for c in data["cells"]):
+        orders = [v for v in variants if v != "step-region"]
+        energy = [[load, str(threads)] + [f"{c['median_s']:.3f} s ({c['ratio']:.0f}×)" if c else "–"
+                                          for c in (cells.get((load, threads, "energy", "library", v)) for v in orders)]
+                  for load in sm.LOADS for threads in sm.THREADS]
         out += ("\n\nThe padded-batch energy (ratio: the pair-difference reference's time over it; one fresh process "
                 "per cell, `--processes 1` without `--no-energy`):\n\n"
                 + _md(["load", "threads", *(names[v] for v in orders)], energy))

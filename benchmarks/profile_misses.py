@@ -115,13 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--busy", action="store_true",
                    help="beside one busy single-thread process (a Python loop), as shared_machine.py's busy cells")
     args = p.parse_args(argv)
-    busy = sm._busy() if args.busy else None
-    try:
+    with sm._beside_busy(args.busy):
         return _profile_cases(args)
-    finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
 
 
 def _profile_cases(args) -> int:

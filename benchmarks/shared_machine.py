@@ -37,6 +37,8 @@ it runs, its memory) and not from the thread count shows as equal medians here.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import statistics
@@ -98,16 +100,17 @@ def make_step(what: str, model: str, shape: tuple[int, int, int], step_region: b
         enc.train()
         opt = torch.optim.AdamW(enc.parameters(), lr=1e-4)
 
-        def plain_step():
+        def step():
             opt.zero_grad(set_to_none=True)
             enc(x).square().mean().backward()
             opt.step()
 
-        def step():
-            if not step_region:
-                return plain_step()
-            with free_core_threads():
-                plain_step()
+        if step_region:
+            user_step = step
+
+            def step():
+                with free_core_threads():
+                    user_step()
     return step
 
 
@@ -131,19 +134,32 @@ def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repea
     return {"median_s": statistics.median(times), "repeats": len(times)}
 
 
-def _energy_cell(repeats: int) -> dict:
+@functools.cache
+def _energy_batch():
+    """The energy cell's sequences, their padded batch (30, 2,500, 300), its mask and the map F (built once)."""
     import torch
 
-    from energy_speed import imdb_like_lengths, padded, pairwise_reference
-    from unfoldformer.energy import attention_energy
+    from energy_speed import imdb_like_lengths, padded
     torch.manual_seed(0)
     d = 300
-    lengths = imdb_like_lengths(200)[:30]
-    seqs = [torch.randn(k, d, dtype=torch.float64) * 0.3 for k in lengths]
+    seqs = [torch.randn(k, d, dtype=torch.float64) * 0.3 for k in imdb_like_lengths(200)[:30]]
     F = torch.randn(d, d, dtype=torch.float64) / d ** 0.5
-    Y, pad = padded(seqs)                                           # (30, 2500, 300)
+    return (seqs, *padded(seqs), F)
+
+
+def _energy_call() -> None:
+    """One call of the library's energy on the energy cell's padded batch."""
+    from unfoldformer.energy import attention_energy
+    _, Y, pad, F = _energy_batch()
+    attention_energy(Y, F, "exp", pad)
+
+
+def _energy_cell(repeats: int) -> dict:
+    from energy_speed import pairwise_reference
+    from unfoldformer.energy import attention_energy
+    seqs, Y, pad, F = _energy_batch()
     attention_energy(Y[:2, :256], F, "exp", pad[:2, :256])          # warm-up
-    times = _timed(lambda: attention_energy(Y, F, "exp", pad), repeats, budget_s=0.0)
+    times = _timed(_energy_call, repeats, budget_s=0.0)
     t0 = time.perf_counter()
     for y in seqs:
         pairwise_reference(y, F)
@@ -158,7 +174,7 @@ def alternate(what: str, model: str, shape: tuple[int, int, int], rounds: int) -
 
     import unfoldformer  # noqa: F401
     torch.set_num_threads(2)
-    step = (lambda: _energy_call()) if what == "energy" else make_step(what, model, shape)
+    step = _energy_call if what == "energy" else make_step(what, model, shape)
     for _ in range(2):
         step()
     times = {1: [], 2: []}
@@ -171,24 +187,20 @@ def alternate(what: str, model: str, shape: tuple[int, int, int], rounds: int) -
     return {str(k): statistics.median(v) for k, v in times.items()}
 
 
-def _energy_call():
-    """One call of the energy cell's padded batch (built once)."""
-    global _ENERGY_ARGS
-    import torch
-
-    from energy_speed import imdb_like_lengths, padded
-    from unfoldformer.energy import attention_energy
-    if "_ENERGY_ARGS" not in globals():
-        torch.manual_seed(0)
-        seqs = [torch.randn(k, 300, dtype=torch.float64) * 0.3 for k in imdb_like_lengths(200)[:30]]
-        _ENERGY_ARGS = (*padded(seqs), torch.randn(300, 300, dtype=torch.float64) / 300 ** 0.5)
-    Y, pad, F = _ENERGY_ARGS
-    attention_energy(Y, F, "exp", pad)
-
-
 # ----------------------------------------------------------------------------- the conditions
-def _busy() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+@contextlib.contextmanager
+def _beside_busy(busy: bool):
+    """The body beside one busy single-thread process (started half a second before it), or alone."""
+    if not busy:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _run_cell(what, model, shape, threads, repeats, variant="torch-first") -> dict:
@@ -220,13 +232,11 @@ def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: i
     results["variants"] = list(variants)
     for c in results["cells"]:                                      # cells measured before --processes: one each
         c.setdefault("process_medians", [c["median_s"]])
-        c.setdefault("variant", "torch-first")                      # cells measured before --variants
+        c["variant"] = _variant(c)
     index = {_key(c): c for c in results["cells"]}
     bar = tqdm(total=len(LOADS) * len(THREADS) * len(cells) * processes, desc="processes")
     for load in LOADS:
-        busy = _busy() if load == "busy" else None
-        try:
-            time.sleep(0.5 if busy else 0.0)
+        with _beside_busy(load == "busy"):
             for threads in THREADS:
                 for round_ in range(processes):
                     for what, model, shape, variant in cells:       # models, variants alternate in a shape
@@ -245,16 +255,17 @@ def run(quick: bool, out: Path, shapes=SHAPES, energy: bool = True, processes: i
                         if "reference_s" in r:                      # the energy's ratio to the cell's median
                             cell["ratio"] = r["reference_s"] / cell["median_s"]
                         _write(out, results)                        # whole file each time: a kill loses one process
-        finally:
-            if busy is not None:
-                busy.kill()
-                busy.wait()
     bar.close()
     return results
 
 
+def _variant(c: dict) -> str:
+    """A cell's variant; cells measured before `--variants` are torch-first."""
+    return c.get("variant", "torch-first")
+
+
 def _key(c: dict) -> tuple:
-    return c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"]), c.get("variant", "torch-first")
+    return c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"]), _variant(c)
 
 
 def _write(path: Path, data: dict) -> None:
@@ -277,7 +288,7 @@ def table(results: dict) -> str:
     """Three markdown tables: times and ratios against the standard encoder, 2-thread over 1-thread speed, the
     padded-batch energy against its pair-difference reference."""
     cells = {(c["load"], c["threads"], c["what"], c["model"], tuple(c["shape"])): c for c in results["cells"]
-             if c.get("variant", "torch-first") == "torch-first"}
+             if _variant(c) == "torch-first"}
     shapes = sorted({k[4] for k in cells if k[2] != "energy"}, key=lambda s: s[1] * s[2])
     rows = [(load, what, shape) for load in LOADS for what in ("inference", "train") for shape in shapes]
     ratios = ["| load | what | shape (B, n, d) | threads | standard ms | joint tied ms (×) | joint untied ms (×) |",
@@ -294,7 +305,7 @@ def table(results: dict) -> str:
         if all(scale):
             scaling.append(f"| {load} | {what} | {', '.join(map(str, shape))} | {' | '.join(scale)} |")
     lines = ratios + ["", "Speed-up from the second thread (> 1×: faster at 2 threads):", ""] + scaling
-    energy = [c for c in results["cells"] if c["what"] == "energy" and c.get("variant", "torch-first") == "torch-first"]
+    energy = [c for c in results["cells"] if c["what"] == "energy" and _variant(c) == "torch-first"]
     if energy:
         lines += ["", "| load | threads | padded-batch energy s | pair-difference reference s | ratio |",
                   "|---|---|---|---|---|"]
@@ -337,14 +348,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(cell(args.what, args.model, tuple(args.shape), args.threads, args.repeats, args.order,
                               args.step_region)))
     elif args.command == "alternate":
-        busy = _busy() if args.busy else None
-        try:
-            time.sleep(0.5 if busy else 0.0)
+        with _beside_busy(args.busy):
             medians = alternate(args.what, args.model, tuple(args.shape), args.rounds)
-        finally:
-            if busy is not None:
-                busy.kill()
-                busy.wait()
         model, shape = ("library", [30, 2500, 300]) if args.what == "energy" else (args.model, list(args.shape))
         record = {"what": args.what, "model": model, "shape": shape, "busy": args.busy,
                   "rounds": args.rounds, "median_s": medians, "loadavg": os.getloadavg()[0]}
