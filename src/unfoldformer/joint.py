@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from . import energy as E
 from .errors import ConfigError
 from .layers import AnchoredAttention, EnergyTerms, LayerTrace, TiedFFN, UnfoldedLayer, _valid
-from .rotated import RotatedStack, _Frame, _frame, _hidden, _row_squares, sample_log_nu
+from .rotated import RotatedStack, _Frame, _frame, _hidden, _row_squares
 from .softmax import AttentionPass
 from .steps import anchored_attention_step, head_values
 
@@ -156,15 +156,14 @@ class JointStack(RotatedStack):
         `R` (B, n, d): the FFN's output r̃ = ReLU(Ỹ W̃ + b) W̃ᵀ at Y (None: computed); `attention`: the pass at Y
         when already computed (ρ = exp: without a pass the step takes the one with the diagonal, which gives no
         energy)."""
-        att, gamma = f.layer.attention, f.layer.gamma
+        att = f.layer.attention
         alpha = f.layer.step_size() * scale
         if f.layer.causal:                                          # one MM step per token (§3.11, `causal.py`)
             from .causal import causal_joint_step
             return causal_joint_step(f, Y, Xr, valid, alpha, self.rotary)
         R = F_nn.linear(_hidden(Y, f), f.W) if R is None else R    # (B, n, d)
         P = f.layer.anchor_mix(Xr, R)                               # (B, n, d) (x̃ + γ r̃)/(1 + γ)
-        log1p_gamma = torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma)
-        log_nu = sample_log_nu(f, valid) - log1p_gamma              # (H,) or (B, 1, H): log(ν/(1 + γ)) or log κ
+        log_nu = self.log_nu(f, valid, ffn_weight=True)            # (H,) or (B, 1, H): log(ν/(1 + γ)) or log κ
         H = att.H
         C, Pc = self.heads(Y, H), self.heads(P, H)                  # (B, n, H, dh) (rotated with rotary, §3.9)
         U, _ = self._anchored(f, C, Pc, valid, log_nu, alpha, attention)

@@ -26,6 +26,7 @@ attention pass between the energy at that state and the step from it (ρ = exp).
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -144,6 +145,15 @@ def sample_log_nu(f: _Frame, valid: Tensor) -> Tensor:
     return f.log_nu - valid.sum(1).clamp_min(1).to(f.log_nu.dtype).log()[:, None, None]
 
 
+def _step_log_nu(f: _Frame, valid: Tensor, ffn_weight: bool) -> Tensor:
+    """`sample_log_nu`, less log(1 + γ) with `ffn_weight` (`RotatedStack.log_nu`)."""
+    log_nu = sample_log_nu(f, valid)
+    if not ffn_weight:
+        return log_nu
+    gamma = f.layer.gamma
+    return log_nu - (torch.log1p(gamma) if isinstance(gamma, Tensor) else math.log1p(gamma))
+
+
 def block_factors(f: _Frame, d: int) -> Tensor:
     """The factors (H, dh, d) of contiguous heads in a layer's basis: s_h I, or A_h on head h's block."""
     if f.A is None:
@@ -189,6 +199,7 @@ class RotatedStack:
         self.X, self.valid = X, valid
         self._next_weights: dict[int, Tensor | None] = {}            # `next_weight`, per layer, once per forward
         self._priors: dict[int, Tensor] = {}                        # `token_prior` of the whole batch, per frame
+        self._log_nus: dict[tuple[int, str], Tensor] = {}           # `log_nu` of the whole batch, per frame and kind
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
@@ -249,6 +260,17 @@ class RotatedStack:
             self._priors[id(f)] = position_log_prior(f.prior, valid)
         return self._priors[id(f)]
 
+    def log_nu(self, f: _Frame, valid: Tensor, ffn_weight: bool = False) -> Tensor:
+        """`sample_log_nu` (H,) or (B, 1, H) for the rows `valid`, less log(1 + γ) with `ffn_weight` (the joint step's
+        ν/(1 + γ)). For the whole batch it is computed once per frame and forward, as `token_prior`: with length
+        normalisation it is seven operations on (B, n) that every layer of a tied stack would repeat."""
+        if valid is not self.valid:                                 # a subset of rows (the safeguard's retries)
+            return _step_log_nu(f, valid, ffn_weight)
+        key = (id(f), "joint" if ffn_weight else "attention")
+        if key not in self._log_nus:
+            self._log_nus[key] = _step_log_nu(f, valid, ffn_weight)
+        return self._log_nus[key]
+
     def frame(self, ell: int) -> _Frame:
         return self.frames[0 if self.tied else ell]
 
@@ -303,7 +325,7 @@ class RotatedStack:
             return anchored_attention_step(Y, Xr, f.scales, att.sample_lam(valid), att.rho, alpha, ~valid,
                                            certified=False), None
         C, Xc = self.heads(Y, att.H), self.heads(Xr, att.H)         # (B, n, H, dh) (rotated with rotary)
-        U, attention = self._anchored(f, C, Xc, valid, sample_log_nu(f, valid), alpha, attention)
+        U, attention = self._anchored(f, C, Xc, valid, self.log_nu(f, valid), alpha, attention)
         return self.unheads(U), attention
 
     def _ffn(self, f: _Frame, U: Tensor, scale: float) -> tuple[Tensor, Tensor | None]:

@@ -252,9 +252,11 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
     B, n, H, dh = C.shape
     if prior is not None and diagonal:
         raise ValueError("a pass with a position prior is off-diagonal: the step keeps the self pair's weight 1")
+    all_real = bool(valid.all())                                   # no padding: no masking or counting needed
     weights = valid.to(C.dtype)                                    # (B, n)
     mean = torch.bmm(weights[:, None, :], C.reshape(B, n, H * dh)).view(B, 1, H, dh)
-    mean = mean / weights.sum(1).clamp_min(1.0)[:, None, None, None]   # (B, 1, H, dh) mean of the real c_i
+    # (B, 1, H, dh) mean of the real c_i (over n without padding: the same quotient as over the count n)
+    mean = mean / (float(n) if all_real else weights.sum(1).clamp_min(1.0)[:, None, None, None])
     s = torch.ones(H, 1, dtype=C.dtype, device=C.device) if scales is None else scales.to(C.dtype)[:, None]
     if metric is None:
         a = (C - mean) * s                                         # (B, n, H, dh) s_h (c_i − mean)
@@ -262,11 +264,14 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
         a = torch.einsum("bnhk,hjk->bnhj", C - mean, metric.to(C.dtype))   # (B, n, H, dh) (c_i − mean) A_hᵀ
     half = 0.5 * torch.linalg.vector_norm(a, dim=-1, keepdim=True).square()   # (B, n, H, 1) ½‖a_i − mean‖²
     if C.dtype != torch.float64 and n > 1:
-        radius_sq = 2 * half.detach()[..., 0].where(valid[..., None], 0.0).max()
+        # R² = max ‖a_i‖² and max|p| over the real tokens (all of them without padding), read once: the bound
+        # is a handful of scalar operations, done in Python
+        radius_sq = 2 * float((half if all_real else half.where(valid[..., None, None], 0.0)).detach().max())
         bound = logit_error_bound(radius_sq, dh, C.dtype)
         if prior is not None:                                      # + u|p_j| in the key column, u|p_i| on the mass
-            bound = bound + torch.finfo(C.dtype).eps * prior.detach().where(valid[..., None], 0.0).abs().max()
-        if float(bound) > PRECISION_TARGET:
+            p_real = prior if all_real else prior.where(valid[..., None], 0.0)
+            bound = bound + torch.finfo(C.dtype).eps * float(p_real.detach().abs().max())
+        if bound > PRECISION_TARGET:
             wide = attention_pass(C.double(), None if scales is None else scales.double(), valid, diagonal=diagonal,
                                   average=average, rows=rows, fused=fused,
                                   metric=None if metric is None else metric.double(),
@@ -275,9 +280,9 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
             return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
     if fused is None and n <= SMALL_PASS_TOKENS and B * H * n * n <= SMALL_PASS_ENTRIES \
             and pass_kind(C.device.type, C.dtype) == "cpu-flash":
-        return _small_pass(C, a, half, valid, diagonal, average, prior)
+        return _small_pass(C, a, half, valid, diagonal, average, prior, all_real)
     q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
-    key_column = key_bias(valid, C.dtype) - half                   # (B, n, H, 1) −½‖a_j‖², MASKED for padded keys
+    key_column = -half if all_real else key_bias(valid, C.dtype) - half   # (B, n, H, 1) −½‖a_j‖², MASKED if padded
     if prior is not None:
         key_column = key_column + prior.to(C.dtype)[..., None]     # + p_j
     k = torch.cat([a, key_column], dim=-1)                         # (B, n, H, dh + 1)
@@ -358,17 +363,20 @@ def exp_from_row_max(logits: Tensor, *, in_place: bool = False) -> tuple[Tensor,
 
 
 def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool,
-                prior: Tensor | None = None) -> AttentionPass:
+                prior: Tensor | None = None, all_real: bool | None = None) -> AttentionPass:
     """The pass of short sequences from explicit logits a_i·a_j − ½‖a_j‖² (B, H, n, n): the same quantities as the
     flash kernel, which at these lengths ran slower at 2 threads than at 1 (B 64, 4 heads, n 16: 0.33 ms at 1
     thread, 0.73 ms at 2, inside a 4-layer forward; docs/results/speed.md), with one batched product for the
     logits and one for the average. The row maximum m_i is a constant of the gradient (the softmax and the
     log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is
     reused in place (`exp_from_row_max`). Padded keys and j = i get the logit MASKED as in the kernel's pass (a row
-    with no other real key: log S_i ≈ MASKED). `prior` (B, n, H): p_j added to the key term, p_i to the log mass."""
+    with no other real key: log S_i ≈ MASKED). `prior` (B, n, H): p_j added to the key term, p_i to the log mass.
+    `all_real`: whether `valid` is all True (None: read from it)."""
     B, n, H, dh = C.shape
+    padded = not (bool(valid.all()) if all_real is None else all_real)
     at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
-    key_term = key_bias(valid, C.dtype)[..., 0] - half[..., 0]     # (B, n, H) −½‖a_j‖², MASKED for padded keys
+    # (B, n, H) −½‖a_j‖², MASKED for padded keys (without padding 0 − x, which is −x)
+    key_term = key_bias(valid, C.dtype)[..., 0] - half[..., 0] if padded else -half[..., 0]
     if prior is not None:
         key_term = key_term + prior.to(C.dtype)                    # + p_j
     key_term = key_term.transpose(1, 2)                            # (B, H, n)
@@ -379,7 +387,6 @@ def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: boo
     in_place = not (torch.is_grad_enabled() and logits.requires_grad)
     # the masked entries (padded keys, j = i) are set to exactly 0 after the exponential, as in the kernel
     weights, top = exp_from_row_max(logits, in_place=in_place)     # (B, H, n, n) e^{ℓ_ij − m_i}, (B, H, n, 1)
-    padded = not bool(valid.all())
     if in_place:
         if not diagonal:
             weights.diagonal(dim1=-2, dim2=-1).zero_()
