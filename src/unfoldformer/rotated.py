@@ -69,7 +69,6 @@ class _Frame(NamedTuple):
     W: Tensor | None          # (d, m) Qᵀ W1: the same weight in this basis
     b: Tensor | None          # (m,)
     layer: UnfoldedLayer
-    W_bias: Tensor | None     # (d + 1, m) [W̃; b], for products without autograd
     A: Tensor | None = None   # (H, dh, dh) maps A_h of a diagonal or free metric (§3.8); None: isotropic
     mu: Tensor | None = None  # (H,) μ_h ≥ λ_max(A_hᵀA_h)
     K: Tensor | None = None   # (H, d, dh) the causal context's key map (keys="free"); None: keys = queries
@@ -116,26 +115,23 @@ def _build_frame(layer: UnfoldedLayer, dtype: torch.dtype, mu: Tensor | None = N
     W1 = None if ffn is None else ffn.W1.to(dtype)
     W = W1 if (W1 is None or Q is None) else Q.T @ W1               # (d, m)
     b = None if ffn is None else ffn.b.to(dtype)
-    W_bias = None if W is None else torch.cat([W, b[None]], dim=0).detach()   # (d + 1, m)
     A = att.maps()
     mu = None if A is None else (att.mu() if mu is None else mu).to(dtype)
     K = getattr(att, "key_map", None)
     bias = att.pair_bias() if hasattr(att, "pair_bias") else None
     prior = att.prior() if hasattr(att, "prior") else None
-    return _Frame(Q, att.scales().to(dtype), att.log_nu().to(dtype), W1, W, b, layer, W_bias,
+    return _Frame(Q, att.scales().to(dtype), att.log_nu().to(dtype), W1, W, b, layer,
                   None if A is None else A.to(dtype), mu, None if K is None else K.to(dtype),
                   None if bias is None else bias.to(dtype), None if prior is None else prior.to(dtype))
 
 
 def _hidden(Y: Tensor, f: _Frame) -> Tensor:
-    """ReLU(Y W̃ + b): (B, n, d) -> (B, n, m). The ReLU acts in place on the product (autograd allows it:
-    the product's backward does not read its output). Without autograd the bias rides along as one more
-    input column, so the (B, n, m) product is written once instead of over a copy of the bias."""
+    """ReLU(Y W̃ + b): (B, n, d) -> (B, n, m), one `addmm`, the same arithmetic with and without autograd. The ReLU
+    acts in place on the product (autograd allows it: the product's backward does not read its output). Carrying the
+    bias as one more input column instead (inference until 2026-12-05) costs two more operations per layer and was
+    no faster (docs/results/speed.md, "Where users run it")."""
     B, n, d = Y.shape
-    if torch.is_grad_enabled() and (Y.requires_grad or f.W.requires_grad or f.b.requires_grad):
-        return torch.addmm(f.b, Y.reshape(B * n, d), f.W).relu_().view(B, n, -1)
-    Y1 = torch.cat([Y.reshape(B * n, d), Y.new_ones(B * n, 1)], dim=1)      # (B·n, d + 1)
-    return torch.mm(Y1, f.W_bias).relu_().view(B, n, -1)
+    return torch.addmm(f.b, Y.reshape(B * n, d), f.W).relu_().view(B, n, -1)
 
 
 def sample_log_nu(f: _Frame, valid: Tensor) -> Tensor:
