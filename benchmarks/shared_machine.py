@@ -130,8 +130,19 @@ def cell(what: str, model: str, shape: tuple[int, int, int], threads: int, repea
     step = make_step(what, model, shape, step_region)
     for _ in range(2):
         step()
+    faults = _minor_faults()
     times = _timed(step, repeats)
-    return {"median_s": statistics.median(times), "repeats": len(times)}
+    faults = None if faults is None else (_minor_faults() - faults) / len(times)
+    return {"median_s": statistics.median(times), "repeats": len(times), "minor_faults_per_call": faults}
+
+
+def _minor_faults() -> int | None:
+    """This process's minor page faults so far (None where `resource` is missing: Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 @functools.cache
