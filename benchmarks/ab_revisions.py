@@ -41,10 +41,10 @@ def _export(rev: str, into: Path) -> tuple[str, Path]:
 
 
 def _env(src: Path | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
-    return env
+    """A cell's environment (`shared_machine.cell_env`), with `src` first on PYTHONPATH (None: the installed tree)."""
+    if src is None:
+        return sm.cell_env()
+    return sm.cell_env(PYTHONPATH=os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
 def _imported(env: dict) -> Path:
@@ -54,10 +54,7 @@ def _imported(env: dict) -> Path:
 
 
 def _cell(what: str, model: str, shape, threads: int, env: dict) -> float:
-    cmd = [sys.executable, str(ROOT / "shared_machine.py"), "cell", "--what", what, "--model", model,
-           "--shape", *map(str, shape), "--threads", str(threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])["median_s"]
+    return sm._run_cell(what, model, shape, threads, env=env)["median_s"]
 
 
 def measure(args) -> dict:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,14 +29,8 @@ SETTINGS = ("default", "kept")
 
 
 def _cell(model: str, threads: int, setting: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", *KEPT)}
-    if setting == "kept":
-        env.update(KEPT)
-    cmd = [sys.executable, str(ROOT / "shared_machine.py"), "cell", "--what", "inference", "--model", model,
-           "--shape", "64", "16", "64", "--threads", str(threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    env = sm.cell_env(drop=tuple(KEPT), **(KEPT if setting == "kept" else {}))
+    return sm._run_cell("inference", model, (64, 16, 64), threads, env=env)
 
 
 def measure(models, threads, processes: int, out: Path) -> dict:

@@ -214,13 +214,20 @@ def _beside_busy(busy: bool):
         proc.wait()
 
 
-def _run_cell(what, model, shape, threads, repeats, variant="torch-first") -> dict:
+def cell_env(drop: tuple[str, ...] = (), **extra: str) -> dict:
+    """The environment of a cell's process: this one's without the thread settings (and `drop`), plus `extra`."""
+    unset = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", *drop)
+    return {**{k: v for k, v in os.environ.items() if k not in unset}, **extra}
+
+
+def _run_cell(what, model, shape, threads, repeats=7, variant="torch-first", env: dict | None = None) -> dict:
+    """One cell in a fresh process (`cell`), in `env` (default: `cell_env()`): its result."""
     order = "torch-first" if variant == "step-region" else variant
     cmd = [sys.executable, str(Path(__file__)), "cell", "--what", what, "--model", model,
            "--shape", *map(str, shape), "--threads", str(threads), "--repeats", str(repeats), "--order", order,
            *(["--step-region"] if variant == "step-region" else [])]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=cell_env() if env is None else env,
+                         cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
