@@ -34,19 +34,26 @@ def _cell(model: str, threads: int, setting: str) -> dict:
 
 
 def measure(models, threads, processes: int, out: Path) -> dict:
+    """Every cell `processes` times, the file rewritten whole after each process; a rerun with the same settings
+    continues where it stopped, a file measured with other settings is refused."""
     from tqdm import tqdm
-    results = {"shape": [64, 16, 64], "what": "inference", "kept": KEPT, "cells": {}}
+    settings = {"shape": [64, 16, 64], "what": "inference", "kept": KEPT}
+    results = json.loads(out.read_text()) if out.exists() else {**settings, "cells": {}}
+    if any(results.get(k) != v for k, v in settings.items()):
+        raise SystemExit(f"{out} was measured with other settings: pass another --json")
     bar = tqdm(total=processes * len(models) * len(threads) * len(SETTINGS), desc="processes")
-    for _ in range(processes):
+    for round_ in range(processes):
         for t in threads:
             for model in models:
                 for setting in SETTINGS:                             # alternated process by process
                     bar.update()
-                    r = _cell(model, t, setting)
                     entry = results["cells"].setdefault(f"{model} {t} {setting}", {"median_s": [], "faults": []})
+                    if len(entry["median_s"]) > round_:
+                        continue
+                    r = _cell(model, t, setting)
                     entry["median_s"].append(r["median_s"])
                     entry["faults"].append(r["minor_faults_per_call"])
-                    sm._write(out, results)                         # whole file each time
+                    sm._write(out, results)                         # whole file each time: a kill loses one process
     bar.close()
     return results
 

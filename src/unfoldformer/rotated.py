@@ -195,7 +195,7 @@ class RotatedStack:
         self.X, self.valid = X, valid
         self._next_weights: dict[int, Tensor | None] = {}            # `next_weight`, per layer, once per forward
         self._priors: dict[int, Tensor] = {}                        # `token_prior` of the whole batch, per frame
-        self._log_nus: dict[tuple[int, str], Tensor] = {}           # `log_nu` of the whole batch, per frame and kind
+        self._log_nus: dict[tuple[int, bool], Tensor] = {}          # `log_nu` of the whole batch, per frame and kind
         # Padded rows never feed real rows (as keys they get the logit −1e30, the FFN is row-wise), so they
         # may hold anything in between: zeroed here to stay finite, restored from X by `finish`.
         X0 = X.where(valid[..., None], 0.0)                          # (B, n, d)
@@ -262,7 +262,7 @@ class RotatedStack:
         normalisation it is seven operations on (B, n) that every layer of a tied stack would repeat."""
         if valid is not self.valid:                                 # a subset of rows (the safeguard's retries)
             return _step_log_nu(f, valid, ffn_weight)
-        key = (id(f), "joint" if ffn_weight else "attention")
+        key = (id(f), ffn_weight)
         if key not in self._log_nus:
             self._log_nus[key] = _step_log_nu(f, valid, ffn_weight)
         return self._log_nus[key]

@@ -278,13 +278,14 @@ def attention_pass(C: Tensor, scales: Tensor | None, valid: Tensor, *, diagonal:
                                   prior=None if prior is None else prior.double())
             avg = None if wide.average is None else wide.average.to(C.dtype)
             return AttentionPass(avg, wide.log_mass.clamp_min(masked_logit(C.dtype)).to(C.dtype), diagonal)
-    if fused is None and n <= SMALL_PASS_TOKENS and B * H * n * n <= SMALL_PASS_ENTRIES \
-            and pass_kind(C.device.type, C.dtype) == "cpu-flash":
-        return _small_pass(C, a, half, valid, diagonal, average, prior, all_real)
-    q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
-    key_column = -half if all_real else key_bias(valid, C.dtype) - half   # (B, n, H, 1) −½‖a_j‖², MASKED if padded
+    # (B, n, H, 1) −½‖a_j‖² (+ p_j), MASKED for padded keys (without padding no bias: 0 − x is −x)
+    key_column = -half if all_real else key_bias(valid, C.dtype) - half
     if prior is not None:
         key_column = key_column + prior.to(C.dtype)[..., None]     # + p_j
+    if fused is None and n <= SMALL_PASS_TOKENS and B * H * n * n <= SMALL_PASS_ENTRIES \
+            and pass_kind(C.device.type, C.dtype) == "cpu-flash":
+        return _small_pass(C, a, half, key_column, valid, diagonal, average, prior, all_real)
+    q = torch.cat([a, torch.ones_like(half)], dim=-1)              # (B, n, H, dh + 1)
     k = torch.cat([a, key_column], dim=-1)                         # (B, n, H, dh + 1)
     if average:
         v = torch.cat([C, torch.zeros_like(half)], dim=-1)         # (B, n, H, dh + 1), last column 0 (_FusedSoftmax)
@@ -362,24 +363,21 @@ def exp_from_row_max(logits: Tensor, *, in_place: bool = False) -> tuple[Tensor,
     return (logits - top).clamp(min=floor).exp(), top
 
 
-def _small_pass(C: Tensor, a: Tensor, half: Tensor, valid: Tensor, diagonal: bool, average: bool,
-                prior: Tensor | None = None, all_real: bool | None = None) -> AttentionPass:
+def _small_pass(C: Tensor, a: Tensor, half: Tensor, key_column: Tensor, valid: Tensor, diagonal: bool, average: bool,
+                prior: Tensor | None, all_real: bool) -> AttentionPass:
     """The pass of short sequences from explicit logits a_i·a_j − ½‖a_j‖² (B, H, n, n): the same quantities as the
     flash kernel, which at these lengths ran slower at 2 threads than at 1 (B 64, 4 heads, n 16: 0.33 ms at 1
     thread, 0.73 ms at 2, inside a 4-layer forward; docs/results/speed.md), with one batched product for the
     logits and one for the average. The row maximum m_i is a constant of the gradient (the softmax and the
     log-sum-exp do not depend on it), so it is taken without autograd; without autograd the n × n buffer is
     reused in place (`exp_from_row_max`). Padded keys and j = i get the logit MASKED as in the kernel's pass (a row
-    with no other real key: log S_i ≈ MASKED). `prior` (B, n, H): p_j added to the key term, p_i to the log mass.
-    `all_real`: whether `valid` is all True (None: read from it)."""
+    with no other real key: log S_i ≈ MASKED). `key_column` (B, n, H, 1): the keys' term of the logits, as the kernel's
+    pass builds it (−½‖a_j‖² + p_j, MASKED for padded keys); `prior` (B, n, H): p_i, added to the log mass;
+    `all_real`: whether `valid` is all True."""
     B, n, H, dh = C.shape
-    padded = not (bool(valid.all()) if all_real is None else all_real)
+    padded = not all_real
     at = a.transpose(1, 2).reshape(B * H, n, dh)                   # (B·H, n, dh)
-    # (B, n, H) −½‖a_j‖², MASKED for padded keys (without padding 0 − x, which is −x)
-    key_term = key_bias(valid, C.dtype)[..., 0] - half[..., 0] if padded else -half[..., 0]
-    if prior is not None:
-        key_term = key_term + prior.to(C.dtype)                    # + p_j
-    key_term = key_term.transpose(1, 2)                            # (B, H, n)
+    key_term = key_column[..., 0].transpose(1, 2)                  # (B, H, n)
     logits = torch.baddbmm(key_term.reshape(B * H, 1, n), at, at.transpose(1, 2))   # (B·H, n, n) a_i·a_j + that
     if not diagonal:
         logits.diagonal(dim1=1, dim2=2).fill_(masked_logit(C.dtype))   # j = i (the product's backward needs no output)
